@@ -1,0 +1,305 @@
+"""The agent: owns the lifecycle, runtime directories, the single-instance lock, the store, the
+collector threads and configuration reloads. HTTP lives in :mod:`cri_resmgr.web.app` and only reads."""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import metrics as M
+from .collectors.base import Collector, CollectorUnavailable
+from .collectors.cgroup import CgroupCollector
+from .collectors.cpu import CpuCollector
+from .config import Config, ConfigError, load_config
+from .export.prometheus import DirectSample
+from .store import Store
+from .store import checkpoint
+from .topology import Topology, discover
+
+log = logging.getLogger("cri_resmgr")
+
+LOCK_NAME = "cri-resmgr.lock"
+# Options that are bound at start (sockets, directories, filesystem roots, store layout):
+# a reload that changes them is accepted for the rest and reports them as pending a restart.
+RESTART_KEYS = ("listen", "run_dir", "state_dir", "paths", "node_name", "store")
+
+
+class AlreadyRunning(Exception):
+    pass
+
+
+class InstanceLock:
+    """``flock`` on ``run_dir/cri-resmgr.lock``, held for the process lifetime.
+
+    The kernel drops a flock when its holder dies, so a lock file left by a killed process never
+    blocks a restart; the pid inside is only there to name the holder in the error message.
+    """
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.fd: int | None = None
+
+    def acquire(self) -> None:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                os.close(fd)
+                raise
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise AlreadyRunning(f"cri-resmgr is already running (pid {holder}); lock {self.path}") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self.fd = fd
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+@dataclass
+class CollectorHealth:
+    name: str
+    enabled: bool = True
+    up: bool = False
+    reason: str = "not run yet"
+    interval_seconds: float = 0.0
+    last_run: float | None = None
+    last_duration_seconds: float = 0.0
+    errors_total: int = 0
+    runs_total: int = 0
+    last_error: str | None = None
+
+
+@dataclass
+class ConfigState:
+    active: Config
+    source: str | None
+    last_error: str | None = None
+    last_error_time: float | None = None
+    last_reload_time: float | None = None
+    reloads_total: int = 0
+    reload_errors_total: int = 0
+    pending_restart: list[str] = field(default_factory=list)
+
+
+def _writable_dir(path: Path, mode: int) -> Path:
+    path.mkdir(parents=True, exist_ok=True, mode=mode)
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise PermissionError(errno.EACCES, "not writable", str(path))
+    return path
+
+
+def prepare_dirs(cfg: Config) -> tuple[Path, Path, list[str]]:
+    """Create run_dir (0750) and state_dir (0700). Without root, the *default* locations fall back
+    to per-user ones (XDG), so the agent still starts; explicitly configured ones must work."""
+    notes = []
+    defaults = Config()
+    out = []
+    for key, mode, fallback in (
+        ("run_dir", 0o750, Path(os.environ.get("XDG_RUNTIME_DIR") or f"/tmp/cri-resmgr-{os.getuid()}") / "cri-resmgr"),
+        ("state_dir", 0o700, Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local/state") / "cri-resmgr"),
+    ):
+        path = getattr(cfg, key)
+        try:
+            out.append(_writable_dir(path, mode))
+        except PermissionError:
+            if path != getattr(defaults, key):
+                raise
+            notes.append(f"{key} {path} is not writable (not root?); using {fallback}")
+            out.append(_writable_dir(fallback, mode))
+    return out[0], out[1], notes
+
+
+class Agent:
+    def __init__(self, cfg: Config, config_path: Path | None = None, flags: dict | None = None,
+                 env: dict | None = None):
+        self.config = ConfigState(cfg, str(config_path) if config_path else None)
+        self.config_path = config_path
+        self.flags = flags or {}
+        self.env = env
+        self.started = time.time()
+        self.topology: Topology = Topology()
+        self.store = Store(cfg.store.retention_seconds, cfg.store.max_series)
+        self.collectors: dict[str, Collector] = {}
+        self.health: dict[str, CollectorHealth] = {}
+        self.restore_note: str | None = None
+        self._threads: dict[str, threading.Thread] = {}
+        self._stop = threading.Event()
+        self._wake: dict[str, threading.Event] = {}
+        self._lock: InstanceLock | None = None
+        self._logged_errors: dict[str, str] = {}
+        self.run_dir: Path = cfg.run_dir
+        self.state_dir: Path = cfg.state_dir
+
+    @property
+    def cfg(self) -> Config:
+        return self.config.active
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+    def start(self) -> None:
+        self.run_dir, self.state_dir, notes = prepare_dirs(self.cfg)
+        for n in notes:
+            log.warning(n)
+        self._lock = InstanceLock(self.run_dir / LOCK_NAME)
+        self._lock.acquire()
+        self.topology = discover(self.cfg.paths.sysfs)
+        if not self.topology.cpus:
+            log.warning("no CPUs found under %s; per-CPU labels will be incomplete", self.cfg.paths.sysfs)
+        self._build_collectors()
+        if self.cfg.store.checkpoint:
+            res = checkpoint.restore(self.store, self.state_dir, self._interval_of)
+            if res.error:
+                self.restore_note = res.error
+            elif res.restored:
+                log.info("restored %d series from %s", res.series, self.state_dir / checkpoint.FILENAME)
+        for name in self.collectors:
+            self._start_thread(name)
+        if self.cfg.store.checkpoint:
+            t = threading.Thread(target=self._checkpoint_loop, name="checkpoint", daemon=True)
+            t.start()
+            self._threads["checkpoint"] = t
+
+    def stop(self) -> None:
+        self._stop.set()
+        for ev in self._wake.values():
+            ev.set()
+        for t in self._threads.values():
+            t.join(timeout=10)
+        if self.cfg.store.checkpoint:
+            try:
+                checkpoint.save(self.store, self.state_dir)
+            except OSError as e:
+                log.error("final checkpoint failed: %s", e)
+        for c in self.collectors.values():
+            c.close()
+        if self._lock:
+            self._lock.release()
+
+    def _interval_of(self, table: str) -> float:
+        cc = getattr(self.cfg.collectors, table, None)
+        return getattr(cc, "interval_seconds", 1.0)
+
+    def _build_collectors(self) -> None:
+        c = self.cfg.collectors
+        self.collectors = {
+            "cgroup": CgroupCollector(self.cfg.paths.cgroup, c.cgroup),
+            "cpu": CpuCollector(self.cfg.paths.proc, self.topology),
+        }
+        for name in self.collectors:
+            cc = getattr(c, name)
+            self.health[name] = CollectorHealth(name, enabled=cc.enabled, interval_seconds=cc.interval_seconds,
+                                                reason="not run yet" if cc.enabled else "disabled in config")
+
+    def _start_thread(self, name: str) -> None:
+        self._wake[name] = threading.Event()
+        t = threading.Thread(target=self._collector_loop, args=(name,), name=f"collector-{name}", daemon=True)
+        t.start()
+        self._threads[name] = t
+
+    # -- collection --------------------------------------------------------------------------------
+    def run_collector_once(self, name: str) -> None:
+        col = self.collectors[name]
+        h = self.health[name]
+        cc = getattr(self.cfg.collectors, name)
+        h.enabled, h.interval_seconds = cc.enabled, cc.interval_seconds
+        if not cc.enabled:
+            h.up, h.reason = False, "disabled in config"
+            return
+        t0 = time.monotonic()
+        now = time.time()
+        try:
+            probe = col.probe()
+            if not probe.ok:
+                raise CollectorUnavailable(probe.reason)
+            samples = col.collect(now)
+            self.store.append(name, now, samples, cc.interval_seconds)
+            h.up, h.reason, h.last_error = True, probe.reason or "ok", None
+            self._logged_errors.pop(name, None)
+        except CollectorUnavailable as e:
+            h.up, h.reason = False, str(e)
+            self._log_once(name, f"collector {name} is down: {e}")
+        except Exception as e:  # a broken collector must not take the agent down
+            h.up, h.reason = False, f"error: {type(e).__name__}: {e}"
+            h.errors_total += 1
+            h.last_error = h.reason
+            self._log_once(name, f"collector {name} failed: {type(e).__name__}: {e}", exc=True)
+        finally:
+            h.runs_total += 1
+            h.last_run = now
+            h.last_duration_seconds = time.monotonic() - t0
+
+    def _log_once(self, name: str, msg: str, exc: bool = False) -> None:
+        if self._logged_errors.get(name) != msg:
+            self._logged_errors[name] = msg
+            log.error(msg, exc_info=exc) if exc else log.warning(msg)
+
+    def _collector_loop(self, name: str) -> None:
+        wake = self._wake[name]
+        while not self._stop.is_set():
+            start = time.monotonic()
+            self.run_collector_once(name)
+            interval = getattr(self.cfg.collectors, name).interval_seconds
+            wake.wait(max(0.0, interval - (time.monotonic() - start)))
+            wake.clear()
+
+    def _checkpoint_loop(self) -> None:
+        while not self._stop.wait(self.cfg.store.checkpoint_interval_seconds):
+            try:
+                checkpoint.save(self.store, self.state_dir)
+            except OSError as e:
+                self._log_once("checkpoint", f"checkpoint to {self.state_dir} failed: {e}")
+
+    def ready(self) -> bool:
+        return all(h.runs_total > 0 or not h.enabled for h in self.health.values())
+
+    # -- configuration -----------------------------------------------------------------------------
+    def reload(self) -> bool:
+        """Re-read the config file. A bad file is rejected and the running config stays."""
+        st = self.config
+        try:
+            new = load_config(self.config_path, env=self.env, flags=self.flags)
+        except ConfigError as e:
+            st.reload_errors_total += 1
+            st.last_error = e.render()
+            st.last_error_time = time.time()
+            log.error("configuration reload rejected, keeping the running one:\n%s", st.last_error)
+            return False
+        old = st.active
+        pending = [k for k in RESTART_KEYS if getattr(new, k) != getattr(old, k)]
+        keep = {k: getattr(old, k) for k in pending}
+        st.active = new.model_copy(update=keep)
+        st.pending_restart = pending
+        st.reloads_total += 1
+        st.last_reload_time = time.time()
+        st.last_error = None
+        logging.getLogger().setLevel(st.active.log_level.upper())
+        for name, col in self.collectors.items():
+            if isinstance(col, CgroupCollector):
+                col.cfg = st.active.collectors.cgroup
+            self._wake.get(name, threading.Event()).set()
+        log.info("configuration reloaded%s", f"; restart needed for: {', '.join(pending)}" if pending else "")
+        return True
+
+    # -- self-metrics ------------------------------------------------------------------------------
+    def self_metrics(self) -> list[DirectSample]:
+        out = []
+        for h in self.health.values():
+            lab = {"collector": h.name}
+            out.append(DirectSample(M.COLLECTOR_UP, lab, 1.0 if h.up else 0.0))
+            out.append(DirectSample(M.COLLECTOR_DURATION, lab, h.last_duration_seconds))
+            out.append(DirectSample(M.COLLECTOR_ERRORS, lab, float(h.errors_total)))
+        out.append(DirectSample(M.CONFIG_RELOAD_ERRORS, {}, float(self.config.reload_errors_total)))
+        out.append(DirectSample(M.CONFIG_RELOADS, {}, float(self.config.reloads_total)))
+        out.append(DirectSample(M.STORE_SERIES, {}, float(self.store.series_count)))
+        out.append(DirectSample(M.STORE_DROPPED, {}, float(self.store.dropped_samples)))
+        return out

@@ -1,0 +1,1 @@
+"""Collectors: one module per source."""

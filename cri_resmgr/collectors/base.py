@@ -1,0 +1,36 @@
+"""What every collector is: a small object with probe() and collect(), roots injected."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..store import Sample
+
+
+@dataclass(frozen=True)
+class Probe:
+    ok: bool
+    reason: str = ""
+
+
+class CollectorUnavailable(Exception):
+    """Raised by collect() when the source vanished; the agent marks the collector down with this reason."""
+
+
+class Collector:
+    """Subclasses set ``name`` and implement :meth:`probe` and :meth:`collect`.
+
+    ``collect`` returns fresh samples read from the source each time; it never touches the store
+    itself, so it can be tested by calling it on fixture trees.
+    """
+
+    name: str = "base"
+
+    def probe(self) -> Probe:
+        return Probe(True)
+
+    def collect(self, now: float) -> list[Sample]:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Release kernel resources (file descriptors, BPF links)."""

@@ -1,0 +1,6 @@
+"""Embedded time-series store."""
+
+from .query import Matcher, QueryError, heatmap, parse_matchers, query_range
+from .tsdb import Sample, SeriesRef, Store
+
+__all__ = ["Matcher", "QueryError", "Sample", "SeriesRef", "Store", "heatmap", "parse_matchers", "query_range"]

@@ -1,0 +1,1 @@
+"""HTTP: REST API and exposition."""
