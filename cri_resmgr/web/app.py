@@ -22,6 +22,9 @@ from ..store.query import AGGS, HEATMAP_BY
 from ..sysfs import format_cpulist
 
 
+MatchQ = Annotated[list[str], Query(alias="match[]", description='label matchers, e.g. {cpu="0"}')]
+
+
 class CollectorModel(BaseModel):
     name: str
     enabled: bool
@@ -242,8 +245,6 @@ def create_app(agent) -> FastAPI:
     def _known_metric(metric: str) -> None:
         if metric not in agent.store.index and M.lookup(metric) is None:
             raise QueryError(f"unknown metric {metric!r}; see /api/v1/series for the stored ones")
-
-    MatchQ = Annotated[list[str], Query(alias="match[]", description='label matchers, e.g. {cpu="0"}')]
 
     @app.get("/api/v1/series", response_model=list[SeriesModel])
     def series(metric: str | None = None, match: MatchQ = []) -> list[SeriesModel]:  # noqa: B006

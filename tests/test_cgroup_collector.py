@@ -1,0 +1,115 @@
+from pathlib import Path
+
+import pytest
+
+from cri_resmgr import metrics as M
+from cri_resmgr.collectors.cgroup import CgroupCollector, detect_layout, find_containers
+from cri_resmgr.collectors.identity import parse_container_path
+from cri_resmgr.config import CgroupCollectorConfig, ExtraCgroup
+
+from .cgroupfs import Values, make_v1, make_v2
+
+CID = "a" * 64
+CID2 = "0123456789abcdef" * 4
+UID = "12345678-aaaa-bbbb-cccc-0123456789ab"
+UID_ = UID.replace("-", "_")
+
+PATHS = {
+    "cgroupfs-containerd-burstable": (f"kubepods/burstable/pod{UID}/{CID}", "Burstable", "containerd"),
+    "cgroupfs-guaranteed": (f"kubepods/pod{UID}/{CID}", "Guaranteed", "containerd"),
+    "cgroupfs-crio-besteffort": (f"kubepods/besteffort/pod{UID}/crio-{CID}", "BestEffort", "cri-o"),
+    "systemd-containerd-burstable": (
+        f"kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{UID_}.slice/cri-containerd-{CID}.scope",
+        "Burstable", "containerd"),
+    "systemd-crio-guaranteed": (f"kubepods.slice/kubepods-pod{UID_}.slice/crio-{CID}.scope", "Guaranteed", "cri-o"),
+    "systemd-besteffort-kind": (
+        f"kubelet.slice/kubelet-kubepods.slice/kubelet-kubepods-besteffort.slice/"
+        f"kubelet-kubepods-besteffort-pod{UID_}.slice/cri-containerd-{CID}.scope", "BestEffort", "containerd"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(PATHS))
+def test_identity_from_path(case):
+    path, qos, runtime = PATHS[case]
+    ident = parse_container_path("/" + path)
+    assert ident is not None, path
+    assert (ident.container_id, ident.pod_uid, ident.qos_class, ident.runtime) == (CID, UID, qos, runtime)
+
+
+@pytest.mark.parametrize("path", [
+    f"kubepods/burstable/pod{UID}",  # the pod itself
+    f"kubepods.slice/kubepods-pod{UID_}.slice/crio-conmon-{CID}.scope",  # CRI-O monitor
+    f"system.slice/containerd.service/{CID}",  # not under kubepods
+    f"kubepods/burstable/notapod/{CID}",
+    "kubepods/burstable/pod123/abc",
+])
+def test_non_containers_are_ignored(path):
+    assert parse_container_path(path) is None
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_collects_container_values(tmp_path: Path, version: int):
+    v = Values()
+    rel = PATHS["cgroupfs-containerd-burstable"][0]
+    (make_v1 if version == 1 else make_v2)(tmp_path, rel, v)
+    (make_v1 if version == 1 else make_v2)(tmp_path, f"kubepods/besteffort/pod{UID}/{CID2}",
+                                           Values(usage_ns=1_000_000_000, cpus="1"))
+    col = CgroupCollector(tmp_path)
+    assert col.probe().ok and col.probe().reason == f"cgroup v{version}"
+    samples = col.collect(0.0)
+    by = {(s.metric, s.labels["container_id"]): s for s in samples}
+    assert by[(M.CONTAINER_CPU_USAGE.name, CID)].value == pytest.approx(5.0)
+    assert by[(M.CONTAINER_CPU_USAGE.name, CID2)].value == pytest.approx(1.0)
+    assert by[(M.CONTAINER_CPU_PERIODS.name, CID)].value == 100
+    assert by[(M.CONTAINER_CPU_THROTTLED_PERIODS.name, CID)].value == 7
+    assert by[(M.CONTAINER_CPU_THROTTLED.name, CID)].value == pytest.approx(0.25)
+    assert by[(M.CONTAINER_MEMORY_USAGE.name, CID)].value == 100 * 2**20
+    assert by[(M.CONTAINER_MEMORY_WORKING_SET.name, CID)].value == 70 * 2**20
+    cs = by[(M.CONTAINER_CPUSET_CPUS.name, CID)]
+    assert cs.value == 2 and cs.labels["cpus"] == "0-1"
+    assert by[(M.CONTAINER_CPU_USAGE.name, CID)].labels["qos_class"] == "Burstable"
+    assert by[(M.CONTAINER_CPU_USAGE.name, CID2)].labels["qos_class"] == "BestEffort"
+    assert set(col.containers) == {CID, CID2}
+
+
+def test_v1_combined_cpu_cpuacct_dir(tmp_path: Path):
+    make_v1(tmp_path, PATHS["systemd-containerd-burstable"][0], Values(), combined_cpu_dir=True)
+    samples = CgroupCollector(tmp_path).collect(0.0)
+    assert any(s.metric == M.CONTAINER_CPU_USAGE.name and s.value == 5.0 for s in samples)
+
+
+def test_working_set_floor_at_zero(tmp_path: Path):
+    make_v2(tmp_path, PATHS["cgroupfs-guaranteed"][0], Values(mem=10, inactive_file=50))
+    samples = CgroupCollector(tmp_path).collect(0.0)
+    assert [s.value for s in samples if s.metric == M.CONTAINER_MEMORY_WORKING_SET.name] == [0]
+
+
+def test_container_gone_mid_scan_is_skipped(tmp_path: Path):
+    make_v2(tmp_path, PATHS["cgroupfs-guaranteed"][0], Values())
+    ghost = tmp_path / f"kubepods/pod{UID}/{CID2}"
+    ghost.mkdir(parents=True)  # directory exists but its files are gone (removal in progress)
+    samples = CgroupCollector(tmp_path).collect(0.0)
+    assert {s.labels["container_id"] for s in samples} == {CID}
+
+
+def test_extra_cgroups_are_watched(tmp_path: Path):
+    make_v2(tmp_path, "demo/busy", Values(usage_ns=2_000_000_000))
+    cfg = CgroupCollectorConfig(extra_cgroups=[ExtraCgroup(name="busy", path="demo/busy", pod="demo-pod")])
+    samples = CgroupCollector(tmp_path, cfg).collect(0.0)
+    s = [s for s in samples if s.metric == M.CONTAINER_CPU_USAGE.name]
+    assert len(s) == 1 and s[0].value == 2.0 and s[0].labels["container"] == "busy"
+    assert s[0].labels["pod"] == "demo-pod" and s[0].labels["namespace"] == "default"
+
+
+def test_no_hierarchy_is_reported(tmp_path: Path):
+    col = CgroupCollector(tmp_path / "absent")
+    p = col.probe()
+    assert not p.ok and "no cgroup hierarchy" in p.reason
+
+
+def test_this_machine_hierarchy_is_detected():
+    layout = detect_layout(Path("/sys/fs/cgroup"))
+    if layout is None:
+        pytest.skip("no cgroup filesystem mounted at /sys/fs/cgroup")
+    assert layout.version in (1, 2)
+    find_containers(layout.root)  # walking the real tree must not raise

@@ -1,0 +1,185 @@
+import numpy as np
+import pytest
+
+from cri_resmgr.store import QueryError, Sample, Store, heatmap, parse_matchers, query_range
+from cri_resmgr.store import checkpoint
+from cri_resmgr.store.query import aggregate, rate
+
+
+def fill(store, n=100, t0=1000.0, series=3, table="t", metric="m_total", f=lambda i, c: i * (c + 1)):
+    for i in range(n):
+        store.append(table, t0 + i, [Sample(metric, {"cpu": str(c)}, f(i, c)) for c in range(series)], 1.0)
+
+
+def brute(ts, vs, times, step, fn):
+    out = []
+    for t in times:
+        sel = vs[(ts > t - step) & (ts <= t)]
+        out.append(fn(sel) if len(sel) else np.nan)
+    return np.array(out)
+
+
+@pytest.mark.parametrize("agg,fn", [("avg", np.mean), ("sum", np.sum), ("max", np.max), ("min", np.min),
+                                     ("last", lambda a: a[-1])])
+def test_aggregation_matches_brute_force(agg, fn):
+    rng = np.random.default_rng(1)
+    ts = np.sort(rng.uniform(0, 100, 500))
+    vs = rng.normal(size=500)
+    times = np.arange(0, 101, 7.0)
+    np.testing.assert_allclose(aggregate(ts, vs, times, 7.0, agg), brute(ts, vs, times, 7.0, fn), equal_nan=True)
+
+
+def test_empty_buckets_are_nan():
+    out = aggregate(np.array([5.0]), np.array([1.0]), np.array([1.0, 5.0, 9.0]), 2.0, "avg")
+    assert np.isnan(out[0]) and out[1] == 1.0 and np.isnan(out[2])
+
+
+def test_counter_reset_yields_positive_rate():
+    ts = np.arange(10.0)
+    vs = np.array([0, 10, 20, 30, 5, 15, 25, 35, 45, 55], dtype=float)  # reset to 0 before t=4
+    r = rate(ts, vs, np.array([9.0]), 10.0)
+    # increases: 10,10,10,5,10,10,10,10,10 = 85 over 9 s
+    assert r[0] == pytest.approx(85 / 9)
+    assert (rate(ts, vs, np.arange(1.0, 10.0), 1.0) >= 0).all()
+
+
+def test_rate_irregular_sampling_is_true_average():
+    ts = np.array([0.0, 1.0, 3.0, 4.0])
+    vs = np.array([0.0, 2.0, 6.0, 8.0])  # 2/s throughout
+    assert rate(ts, vs, np.array([4.0]), 4.0)[0] == pytest.approx(2.0)
+
+
+def test_retention_wraps_and_keeps_only_recent():
+    s = Store(retention_seconds=50)
+    fill(s, n=200)
+    tab = s.tables["t"]
+    assert tab.count == tab.capacity == 51
+    ts, vs = s.raw(s.select("m_total")[0], 0, 1e9)
+    assert ts[0] == 1000 + 200 - 51 and ts[-1] == 1199 and np.all(np.diff(ts) > 0)
+    assert vs[-1] == 199
+
+
+def test_label_matching_operators():
+    s = Store()
+    fill(s, n=3, series=12)
+    assert {r.label_dict["cpu"] for r in s.select("m_total", parse_matchers('{cpu=~"1.*"}'))} == {"1", "10", "11"}
+    assert len(s.select("m_total", parse_matchers("cpu!=3"))) == 11
+    assert len(s.select("m_total", parse_matchers('cpu!~"[0-9]"'))) == 2
+    assert s.select("m_total", parse_matchers('cpu="nope"')) == []
+
+
+@pytest.mark.parametrize("bad", ['{cpu="0"', "cpu", 'cpu=~"("', "1cpu=2", 'a="b" c="d"'])
+def test_bad_matchers_raise_query_error(bad):
+    with pytest.raises(QueryError):
+        parse_matchers(bad)
+
+
+def test_query_range_rate_and_heatmap():
+    s = Store()
+    fill(s, n=100)
+    times, res = query_range(s, "m_total", [], 1050, 1090, 10, fn="rate")
+    assert list(times) == [1050, 1060, 1070, 1080, 1090]
+    assert [r.labels["cpu"] for r in res] == ["0", "1", "2"]
+    np.testing.assert_allclose(res[2].values, 3.0)
+    rows, times, m = heatmap(s, "m_total", "cpu", 1050, 1090, 10)
+    assert rows == ["0", "1", "2"] and m.shape == (3, 5)
+    np.testing.assert_allclose(m[:, 0], [1, 2, 3])
+
+
+def test_heatmap_combines_rows():
+    s = Store()
+    for i in range(20):
+        s.append("t", 1000 + i, [Sample("g", {"cpu": str(c), "core": str(c // 2)}, float(c)) for c in range(4)])
+    rows, _, m = heatmap(s, "g", "core", 1010, 1019, 1, combine="avg")
+    assert rows == ["0", "1"] and m[0, 0] == 0.5 and m[1, 0] == 2.5
+    rows, _, m = heatmap(s, "g", "core", 1010, 1019, 1, combine="sum")
+    assert m[1, 0] == 5.0
+
+
+def test_query_parameter_errors():
+    s = Store()
+    fill(s, n=5)
+    with pytest.raises(QueryError, match="step"):
+        query_range(s, "m_total", [], 0, 10, 0)
+    with pytest.raises(QueryError, match="before start"):
+        query_range(s, "m_total", [], 10, 0, 1)
+    with pytest.raises(QueryError, match="agg"):
+        query_range(s, "m_total", [], 0, 10, 1, agg="median")
+    with pytest.raises(QueryError, match="exceeds"):
+        query_range(s, "m_total", [], 0, 1e9, 1)
+    with pytest.raises(QueryError, match="by must be"):
+        heatmap(s, "m_total", "socket", 0, 10, 1)
+
+
+def test_vanished_series_columns_are_reclaimed():
+    s = Store(retention_seconds=10)
+    s.append("t", 0, [Sample("g", {"c": "old"}, 1.0)])
+    for i in range(1, 40):
+        s.append("t", i, [Sample("g", {"c": "new"}, 1.0)])
+    assert [r.label_dict["c"] for r in s.select("g")] == ["new"]
+    assert s.series_count == 1
+
+
+def test_latest_skips_stale_series():
+    s = Store()
+    s.append("t", 1, [Sample("g", {"c": "a"}, 1.0), Sample("g", {"c": "b"}, 2.0)])
+    s.append("t", 2, [Sample("g", {"c": "a"}, 3.0)])
+    assert [(r.label_dict["c"], v) for r, _, v in s.latest("g")] == [("a", 3.0)]
+
+
+def test_max_series_drops_and_counts():
+    s = Store(max_series=2)
+    s.append("t", 1, [Sample("g", {"c": str(i)}, 1.0) for i in range(5)])
+    assert s.series_count == 2 and s.dropped_samples == 3
+
+
+def test_prepared_write_fast_path_equals_append():
+    s = Store()
+    keys = [("g", {"c": str(i)}) for i in range(4)]
+    h = s.prepare("t", keys)
+    for i in range(10):
+        h = s.write(h, 100 + i, np.arange(4) * i)
+    ts, vs = s.raw(s.select("g", parse_matchers("c=3"))[0], 0, 1e9)
+    assert list(vs) == [3 * i for i in range(10)]
+
+
+def test_checkpoint_round_trip(tmp_path):
+    s = Store()
+    fill(s, n=30)
+    s.append("other", 5000, [Sample("g", {"x": "1"}, 7.0)])
+    checkpoint.save(s, tmp_path)
+    s2 = Store()
+    res = checkpoint.restore(s2, tmp_path)
+    assert res.restored and res.series == 4
+    for ref in s.select("m_total"):
+        a = s.raw(ref, 0, 1e9)
+        b = s2.raw(s2.select("m_total", parse_matchers(f'cpu="{ref.label_dict["cpu"]}"'))[0], 0, 1e9)
+        np.testing.assert_array_equal(a[0], b[0]) and np.testing.assert_array_equal(a[1], b[1])
+    assert [v for _, _, v in s2.latest("g")] == [7.0]
+    # writing continues after restore
+    s2.append("t", 2000, [Sample("m_total", {"cpu": "0"}, 1.0)])
+    assert s2.raw(s2.select("m_total", parse_matchers("cpu=0"))[0], 0, 1e9)[1][-1] == 1.0
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garbage", "empty"])
+def test_corrupt_checkpoint_is_reported_and_skipped(tmp_path, damage):
+    s = Store()
+    fill(s, n=30)
+    path = checkpoint.save(s, tmp_path)
+    data = path.read_bytes()
+    path.write_bytes({"truncate": data[: len(data) // 2], "garbage": b"\x00junk" * 100, "empty": b""}[damage])
+    s2 = Store()
+    res = checkpoint.restore(s2, tmp_path)
+    assert not res.restored and "unreadable" in res.error
+    assert s2.series_count == 0 and not path.exists()
+    assert list(tmp_path.glob("store.npz.corrupt-*"))
+
+
+def test_checkpoint_restore_into_smaller_retention(tmp_path):
+    s = Store(retention_seconds=100)
+    fill(s, n=100)
+    checkpoint.save(s, tmp_path)
+    s2 = Store(retention_seconds=10)
+    assert checkpoint.restore(s2, tmp_path).restored
+    ts, vs = s2.raw(s2.select("m_total")[0], 0, 1e9)
+    assert len(ts) == 11 and ts[-1] == 1099
