@@ -183,3 +183,30 @@ def test_checkpoint_restore_into_smaller_retention(tmp_path):
     assert checkpoint.restore(s2, tmp_path).restored
     ts, vs = s2.raw(s2.select("m_total")[0], 0, 1e9)
     assert len(ts) == 11 and ts[-1] == 1099
+
+
+@pytest.mark.parametrize("agg", ["avg", "sum", "max", "min", "last"])
+def test_matrix_aggregation_equals_per_series_with_gaps(agg):
+    from cri_resmgr.store.query import aggregate_matrix
+
+    rng = np.random.default_rng(2)
+    ts = np.arange(200.0)
+    V = rng.normal(size=(200, 5))
+    V[rng.random((200, 5)) < 0.3] = np.nan  # series missing in some rows
+    times = np.arange(3.0, 200, 6.0)
+    M = aggregate_matrix(ts, V, times, 6.0, agg)
+    for c in range(5):
+        ok = ~np.isnan(V[:, c])
+        np.testing.assert_allclose(M[:, c], aggregate(ts[ok], V[ok, c], times, 6.0, agg), equal_nan=True)
+
+
+def test_matrix_rate_equals_per_series_and_handles_reset():
+    from cri_resmgr.store.query import rate_matrix
+
+    ts = np.arange(30.0)
+    V = np.stack([np.arange(30.0) * 2, np.r_[np.arange(15.0) * 3, np.arange(15.0) * 3]], axis=1)
+    times = np.arange(5.0, 30, 5.0)
+    M = rate_matrix(ts, V, times, 5.0)
+    for c in range(2):
+        np.testing.assert_allclose(M[:, c], rate(ts, V[:, c], times, 5.0))
+    assert (M >= 0).all()

@@ -158,11 +158,78 @@ class SeriesResult:
     values: np.ndarray
 
 
+def aggregate_matrix(ts: np.ndarray, V: np.ndarray, times: np.ndarray, step: float, agg: str) -> np.ndarray:
+    """:func:`aggregate` for many series sharing a time axis at once (columns of ``V``, NaN = no sample).
+    Returns an array of shape (len(times), columns)."""
+    if agg not in AGGS:
+        raise QueryError(f"agg must be one of {', '.join(AGGS)}, got {agg!r}")
+    out = np.full((len(times), V.shape[1]), np.nan)
+    if len(ts) == 0 or V.shape[1] == 0:
+        return out
+    lo, hi = _bucket_bounds(ts, times, step)
+    valid = ~np.isnan(V)
+    if agg in ("sum", "avg"):
+        # Buckets tile time, so consecutive non-empty buckets are contiguous row ranges and
+        # add.reduceat over their starts sums exactly each bucket (row-wise adds: cache friendly).
+        nonempty = hi > lo
+        if not nonempty.any():
+            return out
+        idx_lo, idx_hi = lo[nonempty], hi[nonempty]
+        Z = np.where(valid, V, 0.0)
+        sums = np.add.reduceat(Z, idx_lo, axis=0)
+        cnt = np.add.reduceat(valid.astype(np.int32), idx_lo, axis=0)
+        if idx_hi[-1] < len(ts):
+            sums[-1] = Z[idx_lo[-1]:idx_hi[-1]].sum(axis=0)
+            cnt[-1] = valid[idx_lo[-1]:idx_hi[-1]].sum(axis=0)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            res = sums if agg == "sum" else sums / cnt
+        out[nonempty] = np.where(cnt > 0, res, np.nan)
+        return out
+    if agg == "last":
+        idx = np.where(valid, np.arange(len(ts))[:, None], -1)
+        last = np.maximum.accumulate(idx, axis=0)
+        li = last[np.maximum(hi - 1, 0)]
+        ok = (li >= lo[:, None]) & (hi[:, None] > 0)
+        cols = np.broadcast_to(np.arange(V.shape[1]), li.shape)
+        return np.where(ok, V[np.maximum(li, 0), cols], np.nan)
+    nonempty = hi > lo
+    if not nonempty.any():
+        return out
+    ufunc = np.fmax if agg == "max" else np.fmin  # fmax/fmin skip NaN; all-NaN stays NaN
+    idx_lo, idx_hi = lo[nonempty], hi[nonempty]
+    res = ufunc.reduceat(V, idx_lo, axis=0)
+    if idx_hi[-1] < len(ts):
+        res[-1] = ufunc.reduce(V[idx_lo[-1]:idx_hi[-1]], axis=0)
+    out[nonempty] = res
+    return out
+
+
+def rate_matrix(ts: np.ndarray, V: np.ndarray, times: np.ndarray, step: float) -> np.ndarray:
+    """:func:`rate` for the columns of ``V`` at once. Intervals with a missing sample at either end are
+    left out of both the increase and the time covered, so gaps do not bias the rate."""
+    out = np.full((len(times), V.shape[1]), np.nan)
+    if len(ts) < 2 or V.shape[1] == 0:
+        return out
+    inc = np.diff(V, axis=0)
+    reset = inc < 0
+    inc[reset] = V[1:][reset]
+    ok = ~np.isnan(inc)
+    dt = np.broadcast_to(np.diff(ts)[:, None], inc.shape)
+    zero = np.zeros((1, V.shape[1]))
+    ci = np.concatenate((zero, np.cumsum(np.where(ok, inc, 0.0), axis=0)))
+    cd = np.concatenate((zero, np.cumsum(np.where(ok, dt, 0.0), axis=0)))
+    lo, hi = _bucket_bounds(ts[1:], times, step)
+    span = cd[hi] - cd[lo]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(span > 0, (ci[hi] - ci[lo]) / span, np.nan)
+
+
 def query_range(
     store: Store, metric: str, matchers: list[Matcher], start: float, end: float, step: float,
     agg: str = "avg", fn: str = "raw",
 ) -> tuple[np.ndarray, list[SeriesResult]]:
-    """``fn='rate'`` turns counters into per-second rates before bucketing (agg is then ignored)."""
+    """``fn='rate'`` turns counters into per-second rates before bucketing (agg is then ignored).
+    Series of one table are computed together as a matrix."""
     if fn not in ("raw", "rate"):
         raise QueryError(f"fn must be 'raw' or 'rate', got {fn!r}")
     if agg not in AGGS:
@@ -171,10 +238,14 @@ def query_range(
     out = []
     # A rate at the first bucket needs the sample just before it.
     lookback = step if fn == "raw" else 2 * step
+    by_table: dict[str, list[SeriesRef]] = {}
     for ref in store.select(metric, matchers):
-        ts, vs = store.raw(ref, start - lookback, end)
-        values = rate(ts, vs, times, step) if fn == "rate" else aggregate(ts, vs, times, step, agg)
-        out.append(SeriesResult(ref.label_dict, values))
+        by_table.setdefault(ref.table, []).append(ref)
+    for table, refs in by_table.items():
+        ts, V = store.raw_matrix(table, [r.col for r in refs], start - lookback, end)
+        M = rate_matrix(ts, V, times, step) if fn == "rate" else aggregate_matrix(ts, V, times, step, agg)
+        for i, ref in enumerate(refs):
+            out.append(SeriesResult(ref.label_dict, M[:, i]))
     out.sort(key=lambda r: sorted(r.labels.items()))
     return times, out
 
@@ -218,28 +289,27 @@ def heatmap(
     if fn is None:
         fn = "rate" if metric.endswith("_total") else "raw"
     times, series = query_range(store, metric, matchers or [], start, end, step, agg=agg, fn=fn)
-    groups: dict[str, list[np.ndarray]] = {}
-    for s in series:
-        name = row_label(s.labels, by)
-        if name is None:
-            continue
-        groups.setdefault(name, []).append(s.values)
-    rows = sorted(groups, key=_row_sort_key)
+    names: list[str | None] = [row_label(sr.labels, by) for sr in series]
+    rows = sorted({n for n in names if n is not None}, key=_row_sort_key)
     matrix = np.full((len(rows), len(times)), np.nan)
-    for i, r in enumerate(rows):
-        stack = np.vstack(groups[r])
-        with np.errstate(all="ignore"):
-            allnan = np.all(np.isnan(stack), axis=0)
-            if combine == "sum":
-                v = np.nansum(stack, axis=0)
-            elif combine == "avg":
-                v = np.nanmean(stack, axis=0) if stack.shape[0] > 1 else stack[0]
-            elif combine == "max":
-                v = np.nanmax(stack, axis=0) if stack.shape[0] > 1 else stack[0]
-            else:
-                v = np.nanmin(stack, axis=0) if stack.shape[0] > 1 else stack[0]
-        v = np.where(allnan, np.nan, v)
-        matrix[i] = v
+    if not rows:
+        return rows, times, matrix
+    pos = {r: i for i, r in enumerate(rows)}
+    keep = [i for i, n in enumerate(names) if n is not None]
+    gid = np.array([pos[names[i]] for i in keep])
+    S = np.vstack([series[i].values for i in keep])  # series x times
+    order = np.argsort(gid, kind="stable")
+    S, gid = S[order], gid[order]
+    starts = np.flatnonzero(np.r_[True, gid[1:] != gid[:-1]])
+    valid = ~np.isnan(S)
+    cnt = np.add.reduceat(valid.astype(np.int32), starts, axis=0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        if combine in ("sum", "avg"):
+            tot = np.add.reduceat(np.where(valid, S, 0.0), starts, axis=0)
+            res = tot if combine == "sum" else tot / cnt
+        else:
+            res = (np.fmax if combine == "max" else np.fmin).reduceat(S, starts, axis=0)
+    matrix[gid[starts]] = np.where(cnt > 0, res, np.nan)
     return rows, times, matrix
 
 

@@ -15,7 +15,7 @@ import math
 import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
@@ -57,6 +57,7 @@ class Table:
         self.last_seq = np.full(self.vals.shape[1], -1, dtype=np.int64)  # seq of a column's last write
         self.free: list[int] = []
         self.generation = 0  # bumped whenever columns are reclaimed
+        self.fast_col: dict[tuple, int] = {}
 
     # -- columns -----------------------------------------------------------------------------------
     def _grow(self) -> None:
@@ -97,6 +98,7 @@ class Table:
                 self.free.append(col)
         if gone:
             self.generation += 1
+            self.fast_col.clear()
         return gone
 
     # -- rows --------------------------------------------------------------------------------------
@@ -139,8 +141,9 @@ class RowHandle:
     interval_seconds: float
 
 
-@dataclass(frozen=True)
-class Sample:
+class Sample(NamedTuple):
+    """One value of one series. A NamedTuple: collectors create many of these per run."""
+
     metric: str
     labels: Mapping[str, str]
     value: float
@@ -175,17 +178,22 @@ class Store:
                 t = float(np.nextafter(tab.ts[last], np.inf))
             cols: list[int] = []
             vals: list[float] = []
+            fast = tab.fast_col  # (metric, labels as given) -> column: skips sorting for known series
             for s in samples:
-                lk = labels_key(s.labels)
-                key = (s.metric, lk)
-                col = tab.col_of.get(key)
+                fk = (s.metric, tuple(s.labels.items()))
+                col = fast.get(fk)
                 if col is None:
-                    if self._series >= self.max_series:
-                        self.dropped_samples += 1
-                        continue
-                    col, _ = tab.column(key)
-                    self.index.setdefault(s.metric, {})[lk] = SeriesRef(s.metric, lk, table, col)
-                    self._series += 1
+                    lk = labels_key(s.labels)
+                    key = (s.metric, lk)
+                    col = tab.col_of.get(key)
+                    if col is None:
+                        if self._series >= self.max_series:
+                            self.dropped_samples += 1
+                            continue
+                        col, _ = tab.column(key)
+                        self.index.setdefault(s.metric, {})[lk] = SeriesRef(s.metric, lk, table, col)
+                        self._series += 1
+                    fast[fk] = col
                 cols.append(col)
                 vals.append(s.value)
             tab.write_row(t, np.asarray(cols, dtype=np.int64), np.asarray(vals, dtype=np.float64))
@@ -263,6 +271,36 @@ class Store:
             vs = tab.vals[rows, ref.col]
         ok = ~np.isnan(vs)
         return ts[ok], vs[ok]
+
+    def raw_matrix(self, table: str, cols: list[int], start: float, end: float) -> tuple[np.ndarray, np.ndarray]:
+        """Rows with start ≤ t ≤ end of several columns of one table: (ts, values[rows, cols]), NaN kept."""
+        cols_a = np.asarray(cols, dtype=np.int64)
+        with self._lock:
+            tab = self.tables[table]
+            rows = tab.window(start, end)
+            if len(rows) == 0:
+                return tab.ts[rows], np.empty((0, len(cols_a)))
+            # The window is at most two contiguous runs of the ring: slice them instead of fancy-indexing rows.
+            brk = np.flatnonzero(np.diff(rows) != 1)
+            runs = np.split(rows, brk + 1)
+            ts = np.concatenate([tab.ts[r[0]:r[-1] + 1] for r in runs])
+            V = np.concatenate([tab.vals[r[0]:r[-1] + 1, cols_a] for r in runs])
+            return ts, V
+
+    def latest_vectors(self, max_age_rows: int = 0) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+        """Per table: (live mask, latest value) for every column, computed as vectors."""
+        out = {}
+        with self._lock:
+            for name, tab in self.tables.items():
+                n = len(tab.keys)
+                if tab.count == 0 or n == 0:
+                    continue
+                last = tab.last_seq[:n]
+                age = tab.seq - 1 - last
+                live = (last >= 0) & (age <= max_age_rows) & (age < tab.count)
+                rows = (tab.head - 1 - np.where(live, age, 0)) % tab.capacity
+                out[name] = (live, tab.vals[rows, np.arange(n)])
+        return out
 
     def latest(self, metric: str | None = None, max_age_rows: int = 0) -> list[tuple[SeriesRef, float, float]]:
         """(ref, time, value) for every live series: written in its table's newest row."""

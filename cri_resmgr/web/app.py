@@ -16,7 +16,7 @@ from pydantic import BaseModel
 
 from .. import __version__
 from .. import metrics as M
-from ..export.prometheus import StoreCollector, make_registry, render
+from ..export.exposition import Exposition
 from ..store import QueryError, heatmap, parse_matchers, query_range
 from ..store.query import AGGS, HEATMAP_BY
 from ..sysfs import format_cpulist
@@ -167,7 +167,7 @@ def topology_model(t) -> TopologyModel:
 def create_app(agent) -> FastAPI:
     app = FastAPI(title="cri-resmgr", version=__version__,
                   description="Per-container hardware signals, history and placement on one node.")
-    registry = make_registry(StoreCollector(agent.store, agent.self_metrics))
+    exposition = Exposition(agent.store, agent.self_metrics)
 
     @app.exception_handler(QueryError)
     async def _query_error(_req, exc: QueryError):
@@ -183,7 +183,7 @@ def create_app(agent) -> FastAPI:
 
     @app.get("/metrics", include_in_schema=False)
     def metrics() -> Response:
-        return Response(render(registry), media_type=CONTENT_TYPE_LATEST)
+        return Response(exposition.render(), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/healthz")
     def healthz() -> dict[str, str]:

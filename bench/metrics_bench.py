@@ -1,0 +1,67 @@
+"""/metrics render time from the store against a plain prometheus-client registry holding the same series.
+
+Both render with prometheus_client.generate_latest in this run; medians of repeated renders.
+
+    .venv/bin/python bench/metrics_bench.py
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest  # noqa: E402
+
+from cri_resmgr import metrics as M  # noqa: E402
+from cri_resmgr.export.exposition import Exposition  # noqa: E402
+from cri_resmgr.export.prometheus import StoreCollector, make_registry, render  # noqa: E402
+from cri_resmgr.store import Sample, Store  # noqa: E402
+
+
+def median_time(fn, repeat=9):
+    out = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t0)
+    return statistics.median(out)
+
+
+def build(n: int):
+    """n series: half a per-container counter, half a per-container gauge, with container labels."""
+    store = Store()
+    plain = CollectorRegistry(auto_describe=False)
+    labels = list(M.CONTAINER_LABELS)
+    c = Counter(M.CONTAINER_CPU_USAGE.name.removesuffix("_total"), M.CONTAINER_CPU_USAGE.help, labels, registry=plain)
+    g = Gauge(M.CONTAINER_MEMORY_USAGE.name, M.CONTAINER_MEMORY_USAGE.help, labels, registry=plain)
+    samples = []
+    for i in range(n // 2):
+        lab = {"namespace": f"ns{i % 20}", "pod": f"pod-{i}", "container": f"c{i}", "container_id": f"{i:064x}",
+               "pod_uid": f"uid-{i}", "qos_class": "Burstable"}
+        samples.append(Sample(M.CONTAINER_CPU_USAGE.name, lab, float(i)))
+        samples.append(Sample(M.CONTAINER_MEMORY_USAGE.name, lab, float(i * 1024)))
+        c.labels(**lab).inc(i)
+        g.labels(**lab).set(i * 1024)
+    store.append("cgroup", time.time(), samples, 5.0)
+    return make_registry(StoreCollector(store)), plain, Exposition(store)
+
+
+def main():
+    print(f"{'series':>8} {'/metrics (agent)':>18} {'StoreCollector+generate_latest':>32} {'plain registry':>16}"
+          f" {'agent/plain':>12}   target: <= 50 ms at 20k, not slower than plain")
+    for n in (5_000, 20_000):
+        coll, plain, expo = build(n)
+        assert expo.render().count(b"\n") > n and render(coll).count(b"\n") > n  # all series rendered
+        expo.render()  # first scrape fills the label cache; steady state is what a scraper sees
+        t_expo = median_time(expo.render)
+        t_coll = median_time(lambda: render(coll), 5)
+        t_plain = median_time(lambda: generate_latest(plain), 5)
+        print(f"{n:>8} {t_expo * 1e3:>15.1f} ms {t_coll * 1e3:>29.1f} ms {t_plain * 1e3:>13.1f} ms {t_expo / t_plain:>12.2f}")
+
+
+if __name__ == "__main__":
+    main()
