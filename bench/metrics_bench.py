@@ -7,12 +7,9 @@ Both render with prometheus_client.generate_latest in this run; medians of repea
 
 from __future__ import annotations
 
-import statistics
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from _util import median_time  # noqa: E402  (also puts the repo on sys.path)
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest  # noqa: E402
 
@@ -20,15 +17,6 @@ from cri_resmgr import metrics as M  # noqa: E402
 from cri_resmgr.export.exposition import Exposition  # noqa: E402
 from cri_resmgr.export.prometheus import StoreCollector, make_registry, render  # noqa: E402
 from cri_resmgr.store import Sample, Store  # noqa: E402
-
-
-def median_time(fn, repeat=9):
-    out = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - t0)
-    return statistics.median(out)
 
 
 def build(n: int):

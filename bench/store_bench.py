@@ -8,25 +8,16 @@ which is what a hand-rolled "dict of lists" store does. Prints medians; asserts 
 
 from __future__ import annotations
 
-import statistics
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from _util import median_time  # noqa: E402  (also puts the repo on sys.path)
 
 from cri_resmgr.store import Sample, Store, heatmap, query_range  # noqa: E402
 
 
-def timeit(fn, repeat=7):
-    out = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - t0)
-    return statistics.median(out)
+timeit = median_time
 
 
 def row(name, ours, base, unit, target, higher_is_better=False):

@@ -75,6 +75,17 @@ def read_int(path: Path, default: int | None = None) -> int | None:
         return default
 
 
+def read_cpulist(path: Path) -> frozenset[int] | None:
+    """Read a CPU-list file; None when absent, unreadable or malformed."""
+    t = read_text(path)
+    if t is None:
+        return None
+    try:
+        return parse_cpulist(t)
+    except ValueError:
+        return None
+
+
 def parse_flat_keyed(text: str) -> dict[str, int]:
     """Parse ``key value`` lines (cgroup ``cpu.stat``, ``memory.stat``; Documentation/admin-guide/cgroup-v2.rst,
     "Format"). Lines that do not have exactly an integer value are skipped."""

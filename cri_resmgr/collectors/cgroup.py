@@ -31,7 +31,7 @@ from pathlib import Path
 from .. import metrics as M
 from ..config import CgroupCollectorConfig
 from ..store import Sample
-from ..sysfs import format_cpulist, parse_cpulist, parse_flat_keyed, read_int, read_text
+from ..sysfs import format_cpulist, parse_flat_keyed, read_cpulist, read_int, read_text
 from .base import Collector, CollectorUnavailable, Probe
 from .identity import ContainerIdentity, is_container_dir, parse_container_path
 
@@ -90,14 +90,18 @@ class ContainerInfo:
     last_seen: float = 0.0
 
 
-def _cpulist_file(path: Path) -> frozenset[int] | None:
-    t = read_text(path)
-    if t is None:
-        return None
-    try:
-        return parse_cpulist(t)
-    except ValueError:
-        return None
+def _stats(usage_seconds: float | None, cpu: dict[str, int], throttled_key: str, throttled_unit: float,
+           mem_usage: int | None, inactive: int | None, cpuset: frozenset[int] | None) -> ContainerStats:
+    return ContainerStats(
+        cpu_usage_seconds=usage_seconds,
+        cfs_periods=cpu.get("nr_periods"),
+        cfs_throttled_periods=cpu.get("nr_throttled"),
+        cfs_throttled_seconds=cpu[throttled_key] / throttled_unit if throttled_key in cpu else None,
+        memory_usage_bytes=mem_usage,
+        memory_working_set_bytes=(max(0, mem_usage - inactive) if mem_usage is not None and inactive is not None
+                                  else mem_usage),
+        cpuset=cpuset,
+    )
 
 
 def read_stats(layout: CgroupLayout, rel: str) -> ContainerStats | None:
@@ -109,20 +113,11 @@ def read_stats(layout: CgroupLayout, rel: str) -> ContainerStats | None:
         if cpu_text is None:
             return None
         cpu = parse_flat_keyed(cpu_text)
-        mem_usage = read_int(d / "memory.current")
         mstat = parse_flat_keyed(read_text(d / "memory.stat") or "")
-        inactive = mstat.get("inactive_file")
-        cpuset = _cpulist_file(d / "cpuset.cpus.effective")
         usage = cpu.get("usage_usec")
-        return ContainerStats(
-            cpu_usage_seconds=usage / 1e6 if usage is not None else None,
-            cfs_periods=cpu.get("nr_periods"),
-            cfs_throttled_periods=cpu.get("nr_throttled"),
-            cfs_throttled_seconds=cpu["throttled_usec"] / 1e6 if "throttled_usec" in cpu else None,
-            memory_usage_bytes=mem_usage,
-            memory_working_set_bytes=max(0, mem_usage - inactive) if mem_usage is not None and inactive is not None else mem_usage,
-            cpuset=cpuset,
-        )
+        return _stats(usage / 1e6 if usage is not None else None, cpu, "throttled_usec", 1e6,
+                      read_int(d / "memory.current"), mstat.get("inactive_file"),
+                      read_cpulist(d / "cpuset.cpus.effective"))
     assert layout.cpuacct is not None
     usage_ns = read_int(layout.cpuacct / rel / "cpuacct.usage")
     if usage_ns is None and not (layout.cpuacct / rel).is_dir():
@@ -130,21 +125,13 @@ def read_stats(layout: CgroupLayout, rel: str) -> ContainerStats | None:
     cpu = parse_flat_keyed(read_text(layout.cpu / rel / "cpu.stat") or "") if layout.cpu else {}
     mem_usage = read_int(layout.memory / rel / "memory.usage_in_bytes") if layout.memory else None
     mstat = parse_flat_keyed(read_text(layout.memory / rel / "memory.stat") or "") if layout.memory else {}
-    inactive = mstat.get("total_inactive_file", mstat.get("inactive_file"))
     cpuset = None
     if layout.cpuset:
-        cpuset = _cpulist_file(layout.cpuset / rel / "cpuset.effective_cpus")
+        cpuset = read_cpulist(layout.cpuset / rel / "cpuset.effective_cpus")
         if cpuset is None:
-            cpuset = _cpulist_file(layout.cpuset / rel / "cpuset.cpus")
-    return ContainerStats(
-        cpu_usage_seconds=usage_ns / 1e9 if usage_ns is not None else None,
-        cfs_periods=cpu.get("nr_periods"),
-        cfs_throttled_periods=cpu.get("nr_throttled"),
-        cfs_throttled_seconds=cpu["throttled_time"] / 1e9 if "throttled_time" in cpu else None,
-        memory_usage_bytes=mem_usage,
-        memory_working_set_bytes=max(0, mem_usage - inactive) if mem_usage is not None and inactive is not None else mem_usage,
-        cpuset=cpuset,
-    )
+            cpuset = read_cpulist(layout.cpuset / rel / "cpuset.cpus")
+    return _stats(usage_ns / 1e9 if usage_ns is not None else None, cpu, "throttled_time", 1e9, mem_usage,
+                  mstat.get("total_inactive_file", mstat.get("inactive_file")), cpuset)
 
 
 def find_containers(root: Path) -> list[ContainerIdentity]:

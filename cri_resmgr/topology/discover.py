@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..sysfs import parse_cpulist, parse_size, read_int, read_text
+from ..sysfs import parse_size, read_cpulist, read_int, read_text
 
 
 @dataclass(frozen=True)
@@ -107,15 +107,7 @@ def discover(sysfs: Path) -> Topology:
     cpu_dir = Path(sysfs) / "devices/system/cpu"
     node_dir = Path(sysfs) / "devices/system/node"
 
-    def cpulist(path: Path) -> frozenset[int] | None:
-        t = read_text(path)
-        if t is None:
-            return None
-        try:
-            return parse_cpulist(t)
-        except ValueError:
-            return None
-
+    cpulist = read_cpulist
     all_ids = frozenset(_cpu_ids(cpu_dir))
     present = cpulist(cpu_dir / "present") or all_ids
     online = cpulist(cpu_dir / "online")
