@@ -13,11 +13,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import metrics as M
+from .collectors.avx512 import Avx512Collector
 from .collectors.base import Collector, CollectorUnavailable
 from .collectors.cgroup import CgroupCollector
 from .collectors.cpu import CpuCollector
+from .collectors.perf import PerfCollector
+from .collectors.rdt import RdtCollector
+from .collectors.sst import SstCollector
 from .config import Config, ConfigError, load_config
 from .export.prometheus import DirectSample
+from .export.remote_write import RemoteWriter
 from .store import Store
 from .store import checkpoint
 from .topology import Topology, discover
@@ -133,6 +138,8 @@ class Agent:
         self.collectors: dict[str, Collector] = {}
         self.health: dict[str, CollectorHealth] = {}
         self.restore_note: str | None = None
+        self.remote_write: RemoteWriter | None = None
+        self.rebalancer = None  # rebalancer.service.RebalancerService, from start()
         self._threads: dict[str, threading.Thread] = {}
         self._stop = threading.Event()
         self._wake: dict[str, threading.Event] = {}
@@ -168,6 +175,15 @@ class Agent:
             t = threading.Thread(target=self._checkpoint_loop, name="checkpoint", daemon=True)
             t.start()
             self._threads["checkpoint"] = t
+        # Reads export.remote_write on every cycle, so a reload can turn it on, change it or turn it off.
+        self.remote_write = RemoteWriter(lambda: self.cfg.export.remote_write, self.store, self.self_metrics,
+                                         self.cfg.node_name)
+        self.remote_write.start()
+        # Rounds every rebalancer.interval_seconds; mode advise by default (docs/rebalancer.md).
+        from .rebalancer.service import RebalancerService
+
+        self.rebalancer = RebalancerService(self)
+        self._threads["rebalancer"] = self.rebalancer.start(self._stop)
 
     def stop(self) -> None:
         self._stop.set()
@@ -175,6 +191,8 @@ class Agent:
             ev.set()
         for t in self._threads.values():
             t.join(timeout=10)
+        if self.remote_write is not None:
+            self.remote_write.stop()  # after the collectors: their last rows are flushed too
         if self.cfg.store.checkpoint:
             try:
                 checkpoint.save(self.store, self.state_dir)
@@ -195,6 +213,12 @@ class Agent:
             "cgroup": CgroupCollector(self.cfg.paths.cgroup, c.cgroup),
             "cpu": CpuCollector(self.cfg.paths.proc, self.topology),
         }
+        # Hardware collectors attribute to the containers the cgroup collector discovers (one discovery).
+        cgroup = self.collectors["cgroup"]
+        self.collectors["perf"] = PerfCollector(self.cfg.paths.cgroup, c.perf, cgroup, self.topology)
+        self.collectors["rdt"] = RdtCollector(self.cfg.paths.resctrl, self.cfg.paths.cgroup, c.rdt, cgroup)
+        self.collectors["sst"] = SstCollector(self.cfg.paths.sysfs, c.sst, self.topology)
+        self.collectors["avx512"] = Avx512Collector(c.avx512, self.cfg.paths, self.topology, cgroup.identities)
         for name in self.collectors:
             cc = getattr(c, name)
             self.health[name] = CollectorHealth(name, enabled=cc.enabled, interval_seconds=cc.interval_seconds,
@@ -223,7 +247,7 @@ class Agent:
                 raise CollectorUnavailable(probe.reason)
             samples = col.collect(now)
             self.store.append(name, now, samples, cc.interval_seconds)
-            h.up, h.reason, h.last_error = True, probe.reason or "ok", None
+            h.up, h.reason, h.last_error = True, col.status() or probe.reason or "ok", None
             self._logged_errors.pop(name, None)
         except CollectorUnavailable as e:
             h.up, h.reason = False, str(e)
@@ -286,6 +310,10 @@ class Agent:
         for name, col in self.collectors.items():
             if isinstance(col, CgroupCollector):
                 col.cfg = st.active.collectors.cgroup
+            elif hasattr(col, "reconfigure"):
+                col.reconfigure(getattr(st.active.collectors, name))
+            elif isinstance(col, SstCollector):
+                col.cfg = st.active.collectors.sst
             self._wake.get(name, threading.Event()).set()
         log.info("configuration reloaded%s", f"; restart needed for: {', '.join(pending)}" if pending else "")
         return True
@@ -302,4 +330,6 @@ class Agent:
         out.append(DirectSample(M.CONFIG_RELOADS, {}, float(self.config.reloads_total)))
         out.append(DirectSample(M.STORE_SERIES, {}, float(self.store.series_count)))
         out.append(DirectSample(M.STORE_DROPPED, {}, float(self.store.dropped_samples)))
+        if self.remote_write is not None and self.cfg.export.remote_write is not None:
+            out += self.remote_write.self_metrics()
         return out

@@ -1,4 +1,4 @@
-"""Command line: ``cri-resmgr run|topology|config|fixture``.
+"""Command line: ``cri-resmgr run|relay|topology|config|demo|fixture``.
 
 Exit status: 0 ok, 1 runtime failure (already running, cannot bind), 2 bad configuration or usage.
 """
@@ -135,6 +135,20 @@ def cmd_fixture(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_relay(args: argparse.Namespace) -> int:
+    cfg = _load(args)
+    logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from .relay.server import run
+
+    return run(cfg)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from .demo import run_demo
+
+    return run_demo(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="cri-resmgr", description=__doc__.splitlines()[0])
     p.add_argument("--version", action="version", version=f"cri-resmgr {__version__}")
@@ -149,10 +163,22 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("config", help="validate the configuration and print the effective result")
     _common_config_args(c)
     c.set_defaults(fn=cmd_config)
+    rl = sub.add_parser("relay", help="run the CRI relay between kubelet and the runtime (docs/relay.md)")
+    _common_config_args(rl)
+    rl.set_defaults(fn=cmd_relay)
+    dm = sub.add_parser("demo", help="the agent plus labelled sample workloads in their own cgroups (root)")
+    _common_config_args(dm)
+    from .demo import add_arguments as _demo_arguments
+
+    _demo_arguments(dm)
+    dm.set_defaults(fn=cmd_demo)
     f = sub.add_parser("fixture", help="write a fake sysfs tree for a known machine (tests, demos)")
     f.add_argument("machine", help="this-vm, xeon-2s-112c-snc2, epyc-1s-64c-8l3, small-offline-isolated")
     f.add_argument("dir", type=Path)
     f.set_defaults(fn=cmd_fixture)
+    from .rebalancer.cli import add_parser as add_rebalance_parser
+
+    add_rebalance_parser(sub, _common_config_args)
     return p
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 ENV_PREFIX = "CRI_RESMGR_"
 
@@ -87,9 +87,241 @@ class CpuCollectorConfig(_Strict):
     interval_seconds: float = Field(2.0, gt=0)
 
 
+class Avx512CollectorConfig(_Strict):
+    """AVX-512 use per container from eBPF on the x86_fpu and sched tracepoints (docs/avx512.md)."""
+
+    enabled: bool = True
+    interval_seconds: float = Field(2.0, gt=0)
+    window_seconds: float = Field(10.0, gt=0, description="window of the AVX-512 ratio")
+    active_threshold: float = Field(0.1, gt=0, le=1, description="ratio from which a container is AVX-512 active")
+    active_hysteresis: float = Field(
+        0.5, ge=0, lt=1, description="active clears only below threshold x (1 - hysteresis)"
+    )
+    map_entries: int = Field(4096, ge=64, le=1 << 20, description="keys of the per-CPU counts map")
+    loader: Literal["auto", "libbpf", "bcc"] = Field("auto", description="auto: libbpf CO-RE, else bcc")
+    attribution: Literal["auto", "cgroup_id", "pid"] = Field(
+        "auto", description="auto: cgroup id where a v2 tree exists, else the task's pid"
+    )
+    object_path: Path | None = Field(None, description="BPF object; default: the one `make bpf` builds")
+    kernel_modules_dir: Path = Field(Path("/lib/modules"), description="where bcc finds kernel headers")
+
+    @model_validator(mode="after")
+    def _check_window(self) -> "Avx512CollectorConfig":
+        if self.window_seconds < self.interval_seconds:
+            raise ValueError(f"window_seconds ({self.window_seconds}) must be at least interval_seconds "
+                             f"({self.interval_seconds})")
+        return self
+
+
+class PerfPriority(_Strict):
+    """Containers matching every field (shell-style globs) are watched before the busiest ones."""
+
+    namespace: str = "*"
+    pod: str = "*"
+    container: str = "*"
+    container_id: str = "*"
+
+
+class PerfCollectorConfig(_Strict):
+    """perf_event counters per container (docs/hardware-collectors.md)."""
+
+    enabled: bool = True
+    interval_seconds: float = Field(2.0, gt=0)
+    events: list[str] = Field(
+        default_factory=lambda: ["cycles", "instructions", "cache-references", "cache-misses"],
+        min_length=1, description="generic names, rNNNN raw codes, perfmon names; 'metric=event' to alias",
+    )
+    perfmon_path: Path | None = Field(None, description="Intel perfmon JSON file or directory for event names")
+    max_descriptors: int = Field(4096, ge=1, description="at most this many perf fds (containers x CPUs x events)")
+    priority: list[PerfPriority] = Field(default_factory=list, description="watched first, then the busiest")
+    extra_cgroups_first: bool = Field(True, description="collectors.cgroup.extra_cgroups count as priority")
+    reselect_interval_seconds: float = Field(30.0, gt=0, description="how often the busiest are re-ranked")
+    cpuset_only: bool = Field(True, description="open a container's events only on the CPUs of its cpuset")
+
+
+class RdtCollectorConfig(_Strict):
+    """resctrl MBM/CMT monitoring groups per container (docs/hardware-collectors.md)."""
+
+    enabled: bool = True
+    interval_seconds: float = Field(2.0, gt=0)
+    control_group: str = Field("", description="CTRL_MON group holding the containers' MON groups; '' = root")
+    mbm_counter_width_bits: int = Field(64, ge=8, le=64, description="bits after which an MBM file value wraps")
+
+
+class SstCollectorConfig(_Strict):
+    """SST-BF from cpufreq base frequencies, SST-PP from the isst interface (docs/hardware-collectors.md)."""
+
+    enabled: bool = True
+    interval_seconds: float = Field(30.0, gt=0)
+    isst_device: Path = Field(Path("/dev/isst_interface"), description="Intel Speed Select character device")
+
+
 class Collectors(_Strict):
     cgroup: CgroupCollectorConfig = Field(default_factory=CgroupCollectorConfig)
     cpu: CpuCollectorConfig = Field(default_factory=CpuCollectorConfig)
+    avx512: Avx512CollectorConfig = Field(default_factory=Avx512CollectorConfig)
+    perf: PerfCollectorConfig = Field(default_factory=PerfCollectorConfig)
+    rdt: RdtCollectorConfig = Field(default_factory=RdtCollectorConfig)
+    sst: SstCollectorConfig = Field(default_factory=SstCollectorConfig)
+
+
+class RebalancerWeights(_Strict):
+    """Weights of the interference terms (docs/rebalancer.md explains each term and its unit)."""
+
+    avx512_core: float = Field(1.0, ge=0, description="AVX512 and latency-sensitive work on one physical core")
+    avx512_package: float = Field(0.25, ge=0, description="the same within one package (shared power budget)")
+    memory_bandwidth: float = Field(4.0, ge=0, description="per capacity of bandwidth demand beyond a NUMA/L3 domain")
+    cache_occupancy: float = Field(2.0, ge=0, description="per L3 size of occupancy beyond the pressure threshold")
+    latency_critical: float = Field(1.0, ge=0, description="per CPU of latency-critical work off SST-BF high-priority cores")
+    oversubscription: float = Field(2.0, ge=0, description="per CPU of demand beyond a CPU's capacity")
+
+
+class MigrationCostConfig(_Strict):
+    disruption: float = Field(1.0, ge=0, description="fixed cost of any move")
+    rewarm: float = Field(1.0, ge=0, description="per CPU-second spent re-warming the cache (occupancy / bandwidth)")
+    rewarm_bandwidth_floor_bytes_per_second: float = Field(1e9, gt=0)
+    remote_memory: float = Field(0.1, ge=0, description="per GB/s made remote, per unit of NUMA distance increase")
+    remote_memory_seconds: float = Field(30.0, ge=0, description="how long memory stays behind after a NUMA change")
+
+
+class RebalancerOverride(_Strict):
+    """Signals or metadata for matching containers, ahead of (or instead of) collectors and the relay."""
+
+    match: dict[str, str] = Field(min_length=1, description="container labels that must all equal, e.g. {container: x}")
+    avx512_ratio: float | None = Field(None, ge=0, le=1)
+    latency_critical: bool | None = None
+    cpu_request: float | None = Field(None, ge=0)
+    exclusive: bool | None = None
+    memory_bandwidth_bytes_per_second: float | None = Field(None, ge=0)
+    llc_occupancy_bytes: float | None = Field(None, ge=0)
+    llc_misses_per_second: float | None = Field(None, ge=0)
+
+
+class RebalancerConfig(_Strict):
+    enabled: bool = True
+    mode: Literal["off", "advise", "enforce"] = Field("advise", description="advise: plans visible, nothing applied")
+    interval_seconds: float = Field(30.0, gt=0)
+    window_seconds: float = Field(60.0, gt=0, description="recent window of the store the model reads")
+    amortization_seconds: float = Field(60.0, gt=0, description="a move pays if gain/s x this > migration cost")
+    max_moves_per_round: int = Field(4, ge=0)
+    cooldown_seconds: float = Field(300.0, ge=0, description="a moved container stays put this long")
+    min_net_gain: float = Field(1.0, ge=0, description="hysteresis: smallest net gain worth a move")
+    gain_margin: float = Field(0.2, ge=0, description="hysteresis: gain must beat migration cost x (1 + margin)")
+    move_exclusive: bool = Field(False, description="also move exclusive (Guaranteed, pinned) containers")
+    reserved_cpus: str = Field("", description="cpu list never given to moved containers")
+    namespaces: list[str] = Field(default_factory=list, description="only these namespaces; empty means all")
+    avx512_threshold: float = Field(0.1, ge=0, le=1, description="AVX512 ratio from which a container counts as AVX512")
+    besteffort_sensitivity: float = Field(0.5, ge=0)
+    latency_critical_factor: float = Field(2.0, ge=1)
+    oversubscription_threshold: float = Field(1.0, gt=0, description="CPU load above which demand is oversubscribed")
+    cache_pressure_threshold: float = Field(0.9, gt=0, description="L3 occupancy fraction where pressure starts")
+    numa_bandwidth_bytes_per_second: float = Field(100e9, gt=0, description="memory bandwidth of one NUMA node")
+    l3_bandwidth_bytes_per_second: float | None = Field(None, gt=0, description="per L3 domain; unset: no limit")
+    applier: Literal["auto", "relay", "cgroup"] = Field("auto", description="auto: the relay's move API if present")
+    history_size: int = Field(100, ge=1)
+    weights: RebalancerWeights = Field(default_factory=RebalancerWeights)
+    migration: MigrationCostConfig = Field(default_factory=MigrationCostConfig)
+    overrides: list[RebalancerOverride] = Field(default_factory=list)
+
+    @field_validator("reserved_cpus")
+    @classmethod
+    def _check_cpulist(cls, v: str) -> str:
+        from .sysfs import parse_cpulist
+
+        parse_cpulist(v)  # ValueError names the bad element
+        return v
+
+
+class RemoteWriteConfig(_Strict):
+    """Prometheus remote-write 1.0 of the store's samples (docs/remote_write.md)."""
+
+    url: str = Field(description="receiver, e.g. http://prometheus:9090/api/v1/write")
+    interval_seconds: float = Field(15.0, gt=0, description="how often new samples are read from the store and sent")
+    queue_max: int = Field(100_000, ge=1, description="samples held while the receiver is unreachable; oldest dropped")
+    batch_max: int = Field(5000, ge=1, description="samples per request")
+    timeout_seconds: float = Field(10.0, gt=0)
+    min_backoff_seconds: float = Field(0.5, gt=0, description="first retry delay; doubles up to max_backoff_seconds")
+    max_backoff_seconds: float = Field(30.0, gt=0)
+    external_labels: dict[str, str] = Field(default_factory=dict, description="added to every series; 'node' defaults to node_name")
+    headers: dict[str, str] = Field(default_factory=dict, description="extra HTTP headers, e.g. X-Scope-OrgID for Mimir")
+    bearer_token_file: Path | None = Field(None, description="file holding a bearer token for Authorization")
+    tls_ca_file: Path | None = Field(None, description="CA bundle for an https receiver")
+    metric_regex: str = Field(".+", description="only metrics whose name fully matches this regular expression")
+    self_metrics: bool = Field(True, description="also send the agent's own metrics (collector health, remote_write)")
+
+    @field_validator("url")
+    @classmethod
+    def _check_url(cls, v: str) -> str:
+        if not v.startswith(("http://", "https://")):
+            raise ValueError(f"expected an http:// or https:// URL, got {v!r}")
+        return v
+
+    @field_validator("metric_regex")
+    @classmethod
+    def _check_regex(cls, v: str) -> str:
+        import re
+
+        try:
+            re.compile(v)
+        except re.error as e:
+            raise ValueError(f"not a regular expression: {e}") from None
+        return v
+
+    @field_validator("max_backoff_seconds")
+    @classmethod
+    def _check_backoff(cls, v: float, info) -> float:
+        lo = info.data.get("min_backoff_seconds")
+        if lo is not None and v < lo:
+            raise ValueError(f"must be >= min_backoff_seconds ({lo})")
+        return v
+
+
+class ExportConfig(_Strict):
+    remote_write: RemoteWriteConfig | None = Field(None, description="unset: no remote write")
+
+
+class RelayConfig(_Strict):
+    """The CRI relay (``cri-resmgr relay``, a process of its own; docs/relay.md)."""
+
+    socket: Path = Field(Path("/var/run/cri-resmgr/cri-resmgr.sock"),
+                         description="where kubelet connects (--container-runtime-endpoint)")
+    runtime_socket: Path = Field(Path("/run/containerd/containerd.sock"), description="the runtime's CRI socket")
+    image_socket: Path | None = Field(None, description="a separate image service socket of the runtime, if any")
+    image_relay_socket: Path | None = Field(
+        None, description="with image_socket: where kubelet's --image-service-endpoint connects")
+    control_socket: Path | None = Field(None, description="move/cache/metrics API; default run_dir/relay-control.sock")
+    allow_untested_runtimes: bool = Field(False, description="forward to runtimes other than containerd and CRI-O")
+    runtime_timeout_seconds: float = Field(10.0, gt=0, description="timeout of the relay's own calls to the runtime")
+    reconcile_interval_seconds: float = Field(5.0, gt=0, description="how often the cache is checked against the runtime")
+    reserved_cpus: str = Field("", description="cpulist kept for the system: never exclusive, not in the shared pool")
+    reserved_namespaces: list[str] = Field(default_factory=lambda: ["kube-system"],
+                                           description="pods here run on reserved_cpus (when set)")
+    min_shared_cpus: int = Field(1, ge=0, description="CPUs the shared pool keeps whatever is exclusive")
+    allow_move_exclusive: bool = Field(False, description="let the move API move exclusively placed containers")
+    dump_file: Path | None = Field(None, description="JSON lines of every CRI message (debugging; off when unset)")
+    metrics_listen: str | None = Field(None, description="HOST:PORT serving the relay's /metrics (off when unset)")
+
+    @field_validator("reserved_cpus")
+    @classmethod
+    def _check_cpus(cls, v: str) -> str:
+        from .sysfs import parse_cpulist
+
+        parse_cpulist(v)
+        return v
+
+    @field_validator("metrics_listen")
+    @classmethod
+    def _check_metrics_listen(cls, v: str | None) -> str | None:
+        if v is not None:
+            parse_listen(v)
+        return v
+
+    @model_validator(mode="after")
+    def _check_image_sockets(self) -> "RelayConfig":
+        if (self.image_socket is None) != (self.image_relay_socket is None):
+            raise ValueError("image_socket and image_relay_socket go together: the relay serves the runtime's "
+                             "image socket on a listener of its own")
+        return self
 
 
 class ApiConfig(_Strict):
@@ -108,6 +340,9 @@ class Config(_Strict):
     store: StoreConfig = Field(default_factory=StoreConfig)
     collectors: Collectors = Field(default_factory=Collectors)
     api: ApiConfig = Field(default_factory=ApiConfig)
+    rebalancer: RebalancerConfig = Field(default_factory=RebalancerConfig)
+    export: ExportConfig = Field(default_factory=ExportConfig)
+    relay: RelayConfig = Field(default_factory=RelayConfig)
 
     @field_validator("listen")
     @classmethod

@@ -32,5 +32,10 @@ class Collector:
     def collect(self, now: float) -> list[Sample]:
         raise NotImplementedError
 
+    def status(self) -> str | None:
+        """What the last successful collect() found worth saying (whom it skipped, what failed); the agent
+        shows it as the collector's reason. None: the probe's reason stands."""
+        return None
+
     def close(self) -> None:
         """Release kernel resources (file descriptors, BPF links)."""

@@ -214,10 +214,16 @@ def rate_matrix(ts: np.ndarray, V: np.ndarray, times: np.ndarray, step: float) -
     reset = inc < 0
     inc[reset] = V[1:][reset]
     ok = ~np.isnan(inc)
-    dt = np.broadcast_to(np.diff(ts)[:, None], inc.shape)
     zero = np.zeros((1, V.shape[1]))
-    ci = np.concatenate((zero, np.cumsum(np.where(ok, inc, 0.0), axis=0)))
-    cd = np.concatenate((zero, np.cumsum(np.where(ok, dt, 0.0), axis=0)))
+    if ok.all():
+        # No gaps (the common case: every series written in every row): the time covered is the same for all
+        # columns, one 1-D cumsum instead of a matrix one.
+        ci = np.concatenate((zero, np.cumsum(inc, axis=0)))
+        cd = np.concatenate(([0.0], np.cumsum(np.diff(ts))))[:, None]
+    else:
+        dt = np.broadcast_to(np.diff(ts)[:, None], inc.shape)
+        ci = np.concatenate((zero, np.cumsum(np.where(ok, inc, 0.0), axis=0)))
+        cd = np.concatenate((zero, np.cumsum(np.where(ok, dt, 0.0), axis=0)))
     lo, hi = _bucket_bounds(ts[1:], times, step)
     span = cd[hi] - cd[lo]
     with np.errstate(invalid="ignore", divide="ignore"):

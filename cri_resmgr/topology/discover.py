@@ -14,10 +14,11 @@ Offline CPUs keep only ``cpuN/online``: the kernel removes their topology and ca
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..sysfs import parse_size, read_cpulist, read_int, read_text
+from .sst import classify_cpus as sst_classify_cpus
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,7 @@ class Cpu:
     l3_id: int | None
     isolated: bool
     base_frequency_hz: int | None
+    sst_bf_priority: str = ""  # "high" | "low" on SST-BF packages (topology/sst.py), else ""
 
     def labels(self) -> dict[str, str]:
         return {
@@ -189,6 +191,9 @@ def discover(sysfs: Path) -> Topology:
         )
         for cid, r in raw.items()
     }
+    bf = sst_classify_cpus(cpus.values())
+    if bf.enabled:
+        cpus = {cid: replace(c, sst_bf_priority=bf.priority.get(cid, "")) for cid, c in cpus.items()}
     if not numa and cpus:
         numa[0] = NumaNode(0, frozenset(cpus), {0: 10})
     return Topology(

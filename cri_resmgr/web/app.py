@@ -10,7 +10,7 @@ from typing import Annotated, Any
 
 import numpy as np
 from fastapi import Depends, FastAPI, Header, HTTPException, Query, Response
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel
 
@@ -20,6 +20,9 @@ from ..export.exposition import Exposition
 from ..store import QueryError, heatmap, parse_matchers, query_range
 from ..store.query import AGGS, HEATMAP_BY
 from ..sysfs import format_cpulist
+from .rebalancer_api import rebalancer_router
+from . import topology_heatmap as th
+from .ui import mount_ui
 
 
 MatchQ = Annotated[list[str], Query(alias="match[]", description='label matchers, e.g. {cpu="0"}')]
@@ -61,6 +64,7 @@ class CpuModel(BaseModel):
     l3_id: int | None
     isolated: bool
     base_frequency_hz: int | None
+    sst_bf_priority: str = ""
 
 
 class CacheModel(BaseModel):
@@ -281,13 +285,22 @@ def create_app(agent) -> FastAPI:
         agg: str = "avg",
         fn: Annotated[str | None, Query(description="raw or rate; default rate for *_total")] = None,
         combine: Annotated[str, Query(description="how series sharing a row combine: sum, avg, max, min")] = "sum",
+        top: Annotated[int | None, Query(ge=1, description="only the N rows with the largest total, largest first")] = None,
+        format: Annotated[str, Query(pattern="^(json|csv)$", description="json, or csv (one line per row)")] = "json",
     ) -> HeatmapModel:
         _known_metric(metric)
         start, end, step = _time_window(start, end, step)
         rows, times, matrix = heatmap(agent.store, metric, by, start, end, step, agg=agg,
                                       matchers=_matchers(match), fn=fn, combine=combine)
+        rows, matrix = th.rank_rows(rows, matrix, top)
+        if format == "csv":
+            return PlainTextResponse(th.heatmap_csv(rows, times, matrix), media_type="text/csv",
+                                     headers={"Content-Disposition": f'inline; filename="{metric}-by-{by}.csv"'})
         eff_fn = fn or ("rate" if metric.endswith("_total") else "raw")
         return HeatmapModel(metric=metric, by=by, unit=_unit(metric, eff_fn), rows=rows, times=times.tolist(),
                             values=[_nan_to_none(r) for r in matrix])
 
+    app.include_router(th.router(agent))
+    app.include_router(rebalancer_router(agent, require_token))
+    mount_ui(app)
     return app

@@ -104,13 +104,19 @@ def wait_for(fn, timeout: float = 20, interval: float = 0.2, what: str = "condit
 
 
 class RealCgroup:
-    """A Kubernetes-shaped container cgroup (cgroupfs driver) on this machine's real hierarchy."""
+    """A Kubernetes-shaped container cgroup (cgroupfs driver) on this machine's real hierarchy.
 
-    def __init__(self, qos: str = "burstable"):
+    On hybrid hosts (v1 controllers plus a v2 tree at ``unified``) the cgroup is also made in the v2 tree
+    and tasks join it there too, as runc does: that is the cgroup ``bpf_get_current_cgroup_id()`` names.
+    ``unified=False`` keeps to the v1 controllers.
+    """
+
+    def __init__(self, qos: str = "burstable", unified: bool = True):
         self.pod_uid = str(uuid.uuid4())
         self.container_id = uuid.uuid4().hex + uuid.uuid4().hex
         self.rel = f"kubepods/{qos}/pod{self.pod_uid}/{self.container_id}"
         self.layout = detect_layout(CGROUP_ROOT)
+        self.unified = unified
         self.created: list[Path] = []
 
     def _controller_roots(self) -> list[Path]:
@@ -120,6 +126,8 @@ class RealCgroup:
         for p in (self.layout.cpuacct, self.layout.cpu, self.layout.memory, self.layout.cpuset):
             if p is not None and p.resolve() not in [r.resolve() for r in roots]:
                 roots.append(p)
+        if self.unified and self.layout.unified is not None:
+            roots.append(self.layout.unified)
         return roots
 
     def create(self) -> "RealCgroup":

@@ -1,0 +1,242 @@
+"""Rebalancer benchmark: plan quality against three baselines and plan time, measured in one run.
+
+Quality is the objective the planner minimises, ``J = amortization_seconds × interference + migration``
+(docs/rebalancer.md), of the placement each method leaves, on the simulator's families:
+
+- **nothing**: no move (J0);
+- **ancestor**: the ancestor project's AVX512 affinity heuristic — AVX512 containers attract each other
+  (+5), repel the others (−5), contributions decaying by 0.75 per level of the topology tree between
+  the candidate node and the other container's node; each container (in id order) moves to its
+  best-scoring node with room (mean CPU load ≤ 1 after the move) if that beats where it is;
+- **planner**: this planner, one round, default hysteresis, moves per round not limited;
+- **optimum**: the exact optimum of the same cost model over the same decision space (HiGHS MILP via
+  highspy, ``pip install '.[bench]'``), on instances of up to 24 containers.
+
+The gap is ``(J_planner − J_opt) / J_opt``; "captured" is the share of the achievable improvement
+``(J0 − J_planner) / (J0 − J_opt)``. Plan time: 500 containers on the 224-CPU ``xeon-2s-112c-snc2``
+fixture (default configuration, and with 20 moves per round), median of repeated runs.
+
+    python bench/rebalancer_bench.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from cri_resmgr.config import RebalancerConfig  # noqa: E402
+from cri_resmgr.rebalancer.model import AVX, DEMAND, CostModel, Problem, State  # noqa: E402
+from cri_resmgr.rebalancer.planner import Planner  # noqa: E402
+from cri_resmgr.rebalancer.simulator import FAMILIES, generate  # noqa: E402
+from cri_resmgr.topology.fixtures import MachineSpec  # noqa: E402
+
+SMALL = MachineSpec("bench-2s-4c-snc2-sstbf", packages=2, dies_per_package=1, cores_per_die=4, threads_per_core=2,
+                    numa_per_package=2, l3_per_die=1, l3_kib_per_domain=16384, base_frequency_khz=2000000,
+                    base_frequency_overrides_khz={c: 2600000 for c in (0, 4, 8, 12)})
+
+
+# -- the ancestor's heuristic ------------------------------------------------------------------------
+def ancestor_heuristic(prob: Problem) -> tuple[np.ndarray, dict[int, int]]:
+    cand = prob.cand
+    st = State(prob)
+    n = prob.n
+    avx = prob.X[:, AVX] > 0
+    # Node of each container: the smallest candidate whose interval holds its cpuset.
+    lo, hi = cand.lo, cand.hi
+
+    def node_of(row: np.ndarray) -> int:
+        pos = np.flatnonzero(row > 0)
+        fits = np.flatnonzero((lo <= pos.min()) & (hi > pos.max()))
+        return int(fits[np.argmax(hi[fits] - lo[fits] == (hi[fits] - lo[fits]).min())]) if len(fits) else 0
+
+    # Depth of the lowest common ancestor of two candidates (the deepest candidate containing both).
+    contains = (lo[:, None] <= lo[None, :]) & (hi[:, None] >= hi[None, :])  # a contains b
+    depth = cand.depth
+    lca = np.zeros((cand.n, cand.n))
+    for a in range(cand.n):
+        both = contains[:, a][:, None] & contains  # c contains a and b
+        lca[a] = np.where(both, depth[:, None], -1).max(axis=0)
+    decay = 0.75 ** (depth[:, None] - lca)  # candidate c vs other's node m: levels up from c to the LCA
+    nodes = np.array([node_of(st.S[i]) for i in range(n)])
+    choice: dict[int, int] = {}
+    for i in range(n):
+        if not prob.movable[i]:
+            continue
+        aff = np.where(avx[i], np.where(avx, 5.0, -5.0), np.where(avx, -5.0, 0.0))
+        aff[i] = 0.0
+        if not aff.any():
+            continue
+        score = decay[:, nodes] @ aff
+        load = cand.mean(st.F[:, DEMAND])
+        d = prob.X[i, DEMAND]
+        own = (st.S[i] * d) @ cand.rows.T  # this container's current share of each candidate's load
+        room = load - own + d / cand.size <= 1.0
+        room &= cand.size >= prob.need[i]
+        if not room.any():
+            continue
+        c = int(np.flatnonzero(room)[np.argmax(score[room])])
+        if score[c] > score[nodes[i]] + 1e-9 and c != prob.current[i]:
+            st.set_row(i, cand.row(c))
+            nodes[i] = c
+            choice[i] = c
+    return st.S, choice
+
+
+def objective(prob: Problem, model: CostModel, rows: np.ndarray, choice: dict[int, int]) -> float:
+    from cri_resmgr.rebalancer.exact import objective_of
+
+    return objective_of(prob, model, rows, choice)
+
+
+# -- runs --------------------------------------------------------------------------------------------
+def quality(sizes: list[int], seeds: list[int], milp: bool, limit_s: float) -> list[dict]:
+    rows = []
+    for n in sizes:
+        for fam in FAMILIES:
+            for seed in seeds:
+                sc = generate(fam, SMALL, n, seed=seed, numa_bandwidth_bytes_per_second=20e9,
+                              rebalancer={"max_moves_per_round": n})
+                cfg = sc.config()
+                prob = Problem.build(sc.node_model(cfg), sc.inputs(), cfg, now=0.0)
+                model = CostModel(cfg)
+                plan = Planner(cfg, model).plan(prob)
+                # The same search without hysteresis: its objective is exactly the MILP's.
+                cfg0 = cfg.model_copy(update={"gain_margin": 0.0, "min_net_gain": 1e-6})
+                plan0 = Planner(cfg0, CostModel(cfg0)).plan(Problem.build(sc.node_model(cfg0), sc.inputs(), cfg0, now=0.0))
+                hs, hc = ancestor_heuristic(prob)
+                r = dict(n=n, family=fam, seed=seed, j0=plan.objective_before, heur=objective(prob, model, hs, hc),
+                         heur_moves=len(hc), plan=plan.objective_after, plan_moves=len(plan.moves),
+                         plan_ms=plan.duration_seconds * 1e3, plan0=plan0.objective_after, plan0_moves=len(plan0.moves))
+                if milp:
+                    from cri_resmgr.rebalancer.exact import optimum
+
+                    ex = optimum(prob, model, limit_s)
+                    r.update(opt=ex.objective, opt_moves=len(ex.choice), opt_s=ex.seconds, status=ex.status)
+                rows.append(r)
+                print_row(r)
+    return rows
+
+
+def print_header(milp: bool) -> None:
+    cols = f"{'n':>3} {'family':17s} {'seed':>4} {'nothing':>9} {'ancestor':>9} {'mv':>3} {'planner':>9} {'mv':>3} {'ms':>6}"
+    cols += f" {'no-hyst':>9} {'mv':>3}"
+    if milp:
+        cols += f" {'optimum':>9} {'mv':>3} {'solve s':>7} {'gap %':>6} {'gap0 %':>6} {'captured':>8}"
+    print(cols)
+
+
+def print_row(r: dict) -> None:
+    line = (f"{r['n']:3d} {r['family']:17s} {r['seed']:4d} {r['j0']:9.1f} {r['heur']:9.1f} {r['heur_moves']:3d} "
+            f"{r['plan']:9.1f} {r['plan_moves']:3d} {r['plan_ms']:6.1f} {r['plan0']:9.1f} {r['plan0_moves']:3d}")
+    if "opt" in r:
+        def gap_of(j):
+            return (j - r["opt"]) / r["opt"] * 100 if r["opt"] > 1e-9 else 0.0
+        gap, gap0 = gap_of(r["plan"]), gap_of(r["plan0"])
+        cap = (r["j0"] - r["plan"]) / (r["j0"] - r["opt"]) * 100 if r["j0"] - r["opt"] > 1e-9 else 100.0
+        r["gap"], r["gap0"], r["captured"] = gap, gap0, cap
+        flag = "" if r["status"] == "Optimal" else f" ({r['status']})"
+        line += f" {r['opt']:9.1f} {r['opt_moves']:3d} {r['opt_s']:7.1f} {gap:6.1f} {gap0:6.1f} {cap:7.1f}%{flag}"
+    print(line, flush=True)
+
+
+def summary(rows: list[dict], milp: bool) -> None:
+    print("\nsummary per family (mean over instances)")
+    print(f"{'family':17s} {'ancestor/J0':>11} {'planner/J0':>10}" + (f" {'gap %':>6} {'max gap':>7} {'gap0 %':>6} "
+                                                                        f"{'max gap0':>8} {'captured':>8} "
+                                                                        f"{'mv plan':>7} {'mv opt':>6}" if milp else ""))
+    for fam in list(FAMILIES) + ["all"]:
+        rs = [r for r in rows if fam in ("all", r["family"])]
+        h = statistics.mean(r["heur"] / r["j0"] for r in rs)
+        p = statistics.mean(r["plan"] / r["j0"] for r in rs)
+        line = f"{fam:17s} {h:11.3f} {p:10.3f}"
+        if milp:
+            line += (f" {statistics.mean(r['gap'] for r in rs):6.1f} {max(r['gap'] for r in rs):7.1f} "
+                     f"{statistics.mean(r['gap0'] for r in rs):6.1f} {max(r['gap0'] for r in rs):8.1f} "
+                     f"{statistics.mean(r['captured'] for r in rs):7.1f}% "
+                     f"{sum(r['plan_moves'] for r in rs):7d} {sum(r['opt_moves'] for r in rs):6d}")
+        print(line)
+    if milp:
+        within = sum(r["gap"] <= 5.0 for r in rows)
+        within0 = sum(r["gap0"] <= 5.0 for r in rows)
+        fewer = sum(r["plan_moves"] <= r["opt_moves"] for r in rows)
+        fewer0 = sum(r["plan0_moves"] <= r["opt_moves"] for r in rows)
+        print(f"\nwithin 5% of the optimum: default {within}/{len(rows)}, no hysteresis {within0}/{len(rows)} instances; "
+              f"no more moves than the optimum: default {fewer}/{len(rows)}, no hysteresis {fewer0}/{len(rows)}")
+
+
+def scale_quality(n: int) -> None:
+    print(f"\nquality at scale: {n} containers on xeon-2s-112c-snc2 (no exact optimum), J relative to doing nothing")
+    print(f"{'family':17s} {'nothing':>10} {'ancestor':>9} {'mv':>4} {'planner(4)':>10} {'mv':>3} {'planner(20)':>11} {'mv':>3}")
+    for fam in FAMILIES:
+        sc = generate(fam, "xeon-2s-112c-snc2", n, seed=1)
+        out = []
+        for limit in (4, 20):
+            cfg = sc.config(RebalancerConfig(max_moves_per_round=limit))
+            prob = Problem.build(sc.node_model(cfg), sc.inputs(), cfg, now=0.0)
+            out.append(Planner(cfg).plan(prob))
+        cfg = sc.config()
+        prob = Problem.build(sc.node_model(cfg), sc.inputs(), cfg, now=0.0)
+        hs, hc = ancestor_heuristic(prob)
+        j0 = out[0].objective_before
+        print(f"{fam:17s} {j0:10.1f} {objective(prob, CostModel(cfg), hs, hc) / j0:9.3f} {len(hc):4d} "
+              f"{out[0].objective_after / j0:10.3f} {len(out[0].moves):3d} {out[1].objective_after / j0:11.3f} "
+              f"{len(out[1].moves):3d}")
+
+
+def plan_time(n: int = 500, repeats: int = 7) -> None:
+    print(f"\nplan time: {n} containers on xeon-2s-112c-snc2 (224 CPUs); build = inputs -> model, plan = search")
+    print(f"{'family':17s} {'moves/round':>11} {'build ms':>9} {'plan ms':>8} {'total ms':>9} {'max ms':>7} {'cold ms':>8} {'moves':>5}")
+    for fam in FAMILIES:
+        sc = generate(fam, "xeon-2s-112c-snc2", n, seed=1)
+        inputs = sc.inputs()
+        for limit in (4, 20):
+            cfg = sc.config(RebalancerConfig(max_moves_per_round=limit))
+            node = sc.node_model(cfg)
+            builds, plans, totals = [], [], []
+            cold = None
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                prob = Problem.build(node, inputs, cfg, now=0.0)
+                t1 = time.perf_counter()
+                plan = Planner(cfg).plan(prob)
+                t2 = time.perf_counter()
+                if cold is None:
+                    cold = (t2 - t0) * 1e3
+                builds.append((t1 - t0) * 1e3)
+                plans.append((t2 - t1) * 1e3)
+                totals.append((t2 - t0) * 1e3)
+            print(f"{fam:17s} {limit:11d} {statistics.median(builds):9.1f} {statistics.median(plans):8.1f} "
+                  f"{statistics.median(totals):9.1f} {max(totals):7.1f} {cold:8.1f} {len(plan.moves):5d}")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="fewer instances (12 containers, one seed)")
+    ap.add_argument("--time-limit", type=float, default=120.0, help="MILP time limit per instance, seconds")
+    args = ap.parse_args()
+    try:
+        import highspy  # noqa: F401
+
+        milp = True
+    except ImportError:
+        print("highspy is not installed (pip install '.[bench]'): no exact optimum column")
+        milp = False
+    sizes, seeds = ([12], [0]) if args.quick else ([12, 24], [0, 1])
+    print(f"plan quality on {SMALL.name} ({SMALL.cpus} CPUs, 4 NUMA nodes, SST-BF), J = H×I + M, lower is better")
+    print_header(milp)
+    rows = quality(sizes, seeds, milp, args.time_limit)
+    summary(rows, milp)
+    scale_quality(200)
+    plan_time()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

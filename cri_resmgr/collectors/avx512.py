@@ -1,0 +1,274 @@
+"""AVX-512 use per container and per CPU, from the eBPF program in ``cri_resmgr/ebpf/avx512.bpf.c``.
+
+The kernel counts, per cgroup id (or per process on v1-only hosts) and per CPU, context switches whose saved
+FPU state has ZMM_Hi256 in use, and all context switches (docs/avx512.md). Each run this collector reads
+the maps, attributes keys to containers (:mod:`.cgroup_ids`), retires keys of cgroups or processes that
+have gone (their last counts are kept per container, so container counters stay monotonic), and derives the
+windowed ratio and the ``active`` flag with hysteresis.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from .. import metrics as M
+from ..config import Avx512CollectorConfig, Paths
+from ..ebpf.avx512 import DEFAULT_OBJECT, Avx512Source, BccSource, CounterKey, Counts, LibbpfSource, LoaderError
+from ..ebpf.probe import choose_loader, probe_capabilities
+from ..store import Sample
+from ..topology import Topology
+from .base import Collector, CollectorUnavailable, Probe
+from .cgroup import CgroupLayout, detect_layout, find_containers
+from .cgroup_ids import CgroupIdResolver, PidResolver
+from .identity import ContainerIdentity
+
+log = logging.getLogger(__name__)
+
+Mode = Literal["cgroup_id", "pid"]
+RETRY_SECONDS = 60.0  # a failed probe or load is retried this often, not on every run
+WARN_EVERY_SECONDS = 300.0
+
+
+@dataclass
+class RatioWindow:
+    """Ratio of two monotonic counters' increases over the last ``window`` seconds.
+
+    The base is the newest point at least ``window`` old (or the oldest one, early on); with no
+    denominator increase in the window the ratio is 0: the task did not run (a task that runs always
+    gets switched out now and then, by ticks and kernel threads).
+    """
+
+    points: deque = field(default_factory=deque)
+
+    def update(self, t: float, num: int, den: int, window: float) -> float:
+        if self.points and (num < self.points[-1][1] or den < self.points[-1][2]):
+            self.points.clear()  # counter reset (program reloaded)
+        self.points.append((t, num, den))
+        while len(self.points) >= 2 and self.points[1][0] <= t - window:
+            self.points.popleft()
+        _, n0, d0 = self.points[0]
+        return (num - n0) / (den - d0) if den > d0 else 0.0
+
+
+def next_active(prev: bool, ratio: float, threshold: float, hysteresis: float) -> bool:
+    """Set at ``ratio >= threshold``; cleared only below ``threshold * (1 - hysteresis)``."""
+    return ratio >= threshold * (1.0 - hysteresis) if prev else ratio >= threshold
+
+
+@dataclass(frozen=True)
+class Attribution:
+    mode: Mode
+    ident_layout: CgroupLayout  # where containers are discovered for this mode
+    v2_root: Path | None = None  # cgroup_id mode
+    controller: str | None = None  # pid mode: v1 controller whose hierarchy names the container
+
+
+def choose_attribution(pref: Literal["auto", "cgroup_id", "pid"], layout: CgroupLayout) -> Attribution:
+    """cgroup id where a v2 tree exists (pure v2, or ``unified`` on hybrid hosts), else per process."""
+    v2 = layout.root if layout.version == 2 else layout.unified
+    if pref == "cgroup_id" and v2 is None:
+        raise CollectorUnavailable("attribution cgroup_id needs a cgroup v2 tree (v2 root or <cgroup>/unified)")
+    if pref != "pid" and v2 is not None:
+        return Attribution("cgroup_id", CgroupLayout(2, v2, unified=v2), v2_root=v2)
+    return Attribution("pid", layout, controller=None if layout.version == 2 else "cpuacct")
+
+
+def open_source(loader: str, cfg: Avx512CollectorConfig, key_by_tgid: bool) -> Avx512Source:
+    if loader == "libbpf":
+        return LibbpfSource(cfg.object_path or DEFAULT_OBJECT, cfg.map_entries, key_by_tgid)
+    return BccSource(cfg.map_entries, key_by_tgid)
+
+
+class Avx512Collector(Collector):
+    name = "avx512"
+
+    def __init__(self, cfg: Avx512CollectorConfig, paths: Paths, topology: Topology,
+                 identities: Callable[[CgroupLayout], list[ContainerIdentity]] | None = None,
+                 clock: Callable[[], float] = time.monotonic):
+        self.cfg = cfg
+        self.paths = paths
+        self.topology = topology
+        self.identities = identities or (lambda layout: find_containers(layout.root))
+        self.clock = clock
+        self.source: Avx512Source | None = None
+        self.attribution: Attribution | None = None
+        self.reason = "not probed yet"
+        self._retry_at = 0.0
+        self._attach_t = 0.0
+        self._cg: CgroupIdResolver | None = None
+        self._pid: PidResolver | None = None
+        self._owner: dict[CounterKey, str | None] = {}  # key -> container_id (None: not a container)
+        self._seen: dict[CounterKey, Counts] = {}
+        self._retired: dict[str, Counts] = {}
+        self._windows: dict[str, RatioWindow] = {}
+        self._active: dict[str, bool] = {}
+        self._cpu_windows: dict[int, RatioWindow] = {}
+        self.failed_inserts = 0
+        self._warned_at = -WARN_EVERY_SECONDS
+
+    def reconfigure(self, cfg: Avx512CollectorConfig) -> None:
+        """Config reload: window, threshold and hysteresis apply from the next run; the map size, loader
+        and attribution are bound when the program is loaded and need a restart."""
+        bound = [k for k in ("map_entries", "loader", "attribution", "object_path", "kernel_modules_dir")
+                 if getattr(cfg, k) != getattr(self.cfg, k)]
+        if bound and self.source is not None:
+            log.warning("avx512: %s change(s) apply after a restart", ", ".join(bound))
+        self.cfg = cfg
+
+    # -- probe and load -----------------------------------------------------------------------------
+    def probe(self) -> Probe:
+        if self.source is not None:
+            return Probe(True, self._status())
+        now = self.clock()
+        if now < self._retry_at:
+            return Probe(False, self.reason)
+        self._retry_at = now + RETRY_SECONDS
+        layout = detect_layout(self.paths.cgroup)
+        if layout is None:
+            self.reason = f"no cgroup hierarchy under {self.paths.cgroup}"
+            return Probe(False, self.reason)
+        try:
+            attribution = choose_attribution(self.cfg.attribution, layout)
+        except CollectorUnavailable as e:
+            self.reason = str(e)
+            return Probe(False, self.reason)
+        report = probe_capabilities(self.paths.sysfs, self.paths.proc, self.cfg.object_path or DEFAULT_OBJECT,
+                                    self.cfg.kernel_modules_dir)
+        choice = choose_loader(self.cfg.loader, report)
+        if choice.loader is None:
+            self.reason = choice.reason
+            return Probe(False, self.reason)
+        try:
+            self.source = open_source(choice.loader, self.cfg, key_by_tgid=attribution.mode == "pid")
+        except LoaderError as e:
+            self.reason = f"{choice.loader} loader failed: {e}"
+            return Probe(False, self.reason)
+        self.attribution = attribution
+        if attribution.mode == "cgroup_id":
+            self._cg = CgroupIdResolver(attribution.v2_root)
+        else:
+            self._pid = PidResolver(self.paths.proc, attribution.controller)
+        self._attach_t = self.clock()
+        log.info("avx512: %s attached (%s); attribution by %s", choice.loader, ", ".join(self.source.attached),
+                 attribution.mode)
+        self.reason = self._status()
+        return Probe(True, self.reason)
+
+    def _status(self) -> str:
+        assert self.source is not None and self.attribution is not None
+        s = f"{self.source.loader}; attribution by {self.attribution.mode}"
+        if self.failed_inserts:
+            s += (f"; counts map full: {self.failed_inserts} events not attributed - raise "
+                  f"collectors.avx512.map_entries (now {self.source.capacity})")
+        return s
+
+    # -- collect ------------------------------------------------------------------------------------
+    def _resolve(self, key: CounterKey, counts: Counts) -> tuple[bool, str | None]:
+        """(alive, container_id) of a key."""
+        if self._cg is not None:
+            if not self._cg.alive(key.cgroup_id):
+                return False, None
+            ident = self._cg.container(key.cgroup_id)
+            return True, ident.container_id if ident else None
+        assert self._pid is not None
+        if not self._pid.alive(key.tgid):
+            return False, None
+        if key in self._owner and self._seen.get(key) == counts:
+            return True, self._owner[key]  # idle since last run: keep the cached owner
+        ident = self._pid.container(key.tgid)
+        return True, ident.container_id if ident else None
+
+    def collect(self, now: float) -> list[Sample]:
+        if self.source is None or self.attribution is None:
+            raise CollectorUnavailable(self.reason)
+        try:
+            snap = self.source.read()
+        except LoaderError as e:
+            raise CollectorUnavailable(f"reading the BPF maps failed: {e}") from None
+        t = self.clock()
+        mono_ns = time.clock_gettime_ns(time.CLOCK_MONOTONIC)  # bpf_ktime_get_ns() is CLOCK_MONOTONIC
+        # Discover after reading the map: a key read above whose cgroup is absent now has really gone.
+        containers = {c.container_id: c for c in self.identities(self.attribution.ident_layout)}
+        resolver = self._cg or self._pid
+        resolver.refresh(list(containers.values()))
+
+        live: dict[str, Counts] = {}
+        dead: list[CounterKey] = []
+        for key, counts in snap.counts.items():
+            alive, cid = self._resolve(key, counts)
+            if not alive:
+                dead.append(key)
+                continue
+            self._owner[key] = cid
+            self._seen[key] = counts
+            if cid is not None:
+                live[cid] = live.get(cid, Counts()) + counts
+        if dead:
+            for key, final in self.source.retire(dead).items():
+                cid = self._owner.get(key)
+                if cid is not None and cid in containers:
+                    self._retired[cid] = self._retired.get(cid, Counts()) + final
+            for key in dead:
+                self._owner.pop(key, None)
+                self._seen.pop(key, None)
+        for key in [k for k in self._owner if k not in snap.counts]:
+            self._owner.pop(key, None)
+            self._seen.pop(key, None)
+
+        samples: list[Sample] = []
+        cfg = self.cfg
+        for cid, ident in containers.items():
+            total = self._retired.get(cid, Counts()) + live.get(cid, Counts())
+            win = self._windows.get(cid)
+            if win is None:
+                # Counting started at attach (or at the cgroup's creation, later): zero at attach time.
+                win = self._windows[cid] = RatioWindow(deque([(self._attach_t, 0, 0)]))
+            ratio = win.update(t, total.avx512_switches, total.switches, cfg.window_seconds)
+            active = self._active[cid] = next_active(self._active.get(cid, False), ratio, cfg.active_threshold,
+                                                     cfg.active_hysteresis)
+            lab = ident.labels()
+            samples += [
+                Sample(M.CONTAINER_AVX512_SWITCHES.name, lab, float(total.avx512_switches)),
+                Sample(M.CONTAINER_CONTEXT_SWITCHES.name, lab, float(total.switches)),
+                Sample(M.CONTAINER_AVX512_RATIO.name, lab, ratio),
+                Sample(M.CONTAINER_AVX512_ACTIVE.name, lab, 1.0 if active else 0.0),
+            ]
+            if total.last_avx512_ns:
+                samples.append(Sample(M.CONTAINER_AVX512_LAST_USE.name, lab,
+                                      now - (mono_ns - total.last_avx512_ns) / 1e9))
+        for d in (self._windows, self._active, self._retired):
+            for cid in [c for c in d if c not in containers]:
+                del d[cid]
+
+        for cpu, tot in enumerate(snap.cpus):
+            if self.topology.cpus and cpu not in self.topology.cpus:
+                continue  # possible but not present
+            lab = self.topology.cpu_labels(cpu)
+            win = self._cpu_windows.setdefault(cpu, RatioWindow(deque([(self._attach_t, 0, 0)])))
+            samples.append(Sample(M.CPU_AVX512_SWITCHES.name, lab, float(tot.avx512_switches)))
+            samples.append(Sample(M.CPU_AVX512_RATIO.name, lab,
+                                  win.update(t, tot.avx512_switches, tot.switches, cfg.window_seconds)))
+
+        failed = snap.failed_inserts
+        if failed > self.failed_inserts and t - self._warned_at >= WARN_EVERY_SECONDS:
+            self._warned_at = t
+            log.warning("avx512: counts map full (%d entries): %d events not attributed so far; raise "
+                        "collectors.avx512.map_entries", snap.capacity, failed)
+        self.failed_inserts = failed
+        samples += [
+            Sample(M.AVX512_MAP_ENTRIES.name, {}, float(len(snap.counts) - len(dead))),
+            Sample(M.AVX512_MAP_CAPACITY.name, {}, float(snap.capacity)),
+            Sample(M.AVX512_MAP_INSERT_FAILURES.name, {}, float(failed)),
+        ]
+        return samples
+
+    def close(self) -> None:
+        if self.source is not None:
+            self.source.close()
+            self.source = None

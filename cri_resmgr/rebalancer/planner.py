@@ -1,0 +1,402 @@
+"""Planner: moves whose predicted gain pays for their migration.
+
+Greedy descent on ``J = H × I + (1 + gain_margin) × M`` (H = ``amortization_seconds``, I the
+interference rate, M the migration cost of the containers moved so far, from their original place):
+
+1. *Single moves.* Every (movable container, candidate) pair is scored as ``−H × ΔI − (1 + margin) ×
+   ΔM``. Rows are visited in the order of an upper bound of their best score (from each term's
+   ``min_delta``) and the scan stops when no remaining row can beat the best found: the choice is
+   the exact best single move without evaluating every row. The best is taken if its score exceeds
+   ``min_net_gain``.
+2. *Pair moves.* Bilinear terms have plateaus: moving one AVX512 container out of a pool where scalar
+   work is spread evenly gains nothing until scalar work leaves its new place too. When no single
+   move pays, the strongest interfering pairs (from the terms' ``pairs``) are tried as two
+   consecutive moves, and the best pair is taken if together they pay.
+
+Every accepted step lowers ``J`` by more than ``min_net_gain``, so there are finitely many, no cycle is
+possible, and the plan is never worse than doing nothing: ``H × I(after) + M ≤ H × I(before)``.
+Hysteresis is the margin and the minimum gain; containers in cool-down, exclusive ones (unless
+``move_exclusive``) and opted-out ones do not move; at most ``max_moves_per_round`` containers move.
+A container may be moved twice within a round (its migration is counted once, from where it was).
+The order of containers is their id, all ties break by position: the same input gives the same plan.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+from pydantic import BaseModel
+
+from ..config import RebalancerConfig
+from ..sysfs import format_cpulist
+from .model import CostModel, Problem, State
+
+CHUNK = 48  # rows evaluated together when scanning in bound order
+PAIRS = 4  # strongest bilinear pairs whose members are tried as first moves
+FIRST_MOVES = 12  # rows tried as the first of two moves when no single move pays
+PAIR_FIRST = 2  # destinations tried per first move
+PAIR_TRIALS = 8  # first moves (row, destination) tried per pair phase ...
+PAIR_TRIALS_SMALL = 48  # ... and on small problems
+BEAM_MAX = 4  # widest beam of move sequences
+BEAM_WORK = 4000  # (movable containers × candidates) below which the beam widens
+
+
+class CostSummary(BaseModel):
+    total: float
+    terms: dict[str, float]
+
+
+class MigrationModel(BaseModel):
+    disruption: float
+    rewarm: float
+    remote_memory: float
+
+
+class MoveModel(BaseModel):
+    container_id: str
+    name: str
+    namespace: str
+    pod: str
+    from_cpus: str
+    to_cpus: str
+    to_mems: str
+    destination: str  # the topology node moved to, e.g. "package 1/numa 2"
+    reason: str
+    reasons: dict[str, float]  # term -> change of its cost per second (negative: better)
+    gain_per_second: float
+    predicted_gain: float  # gain_per_second × amortization_seconds
+    migration_cost: float
+    migration: MigrationModel
+
+
+class Plan(BaseModel):
+    moves: list[MoveModel]
+    cost_before: CostSummary
+    cost_after: CostSummary
+    migration_cost: float
+    amortization_seconds: float
+    objective_before: float  # amortization_seconds × cost_before.total
+    objective_after: float  # amortization_seconds × cost_after.total + migration_cost
+    containers: int
+    movable: int
+    fixed: dict[str, int]
+    missing_signals: list[str] = []
+    notes: list[str] = []
+    duration_seconds: float = 0.0
+
+
+@dataclass
+class _Step:
+    row: int
+    cand: int
+    score: float
+    parts: dict[str, float]
+    enables: int | None = None  # for the first move of a pair: the row whose move it makes pay
+
+
+@dataclass
+class _Search:
+    prob: Problem
+    st: State
+    mov: np.ndarray  # movable container indices
+    mig: np.ndarray  # len(mov) × candidates, from the original placement
+    valid: np.ndarray
+    min_mig: np.ndarray
+    placed: np.ndarray  # per len(mov): candidate index, or -1 for the original placement
+    steps: list[_Step] = field(default_factory=list)
+    value: float = 0.0  # sum of the scores of the steps taken
+
+    def clone(self) -> _Search:
+        return _Search(self.prob, self.st.copy(), self.mov, self.mig, self.valid, self.min_mig,
+                       self.placed.copy(), list(self.steps), self.value)
+
+
+class Planner:
+    def __init__(self, cfg: RebalancerConfig, model: CostModel | None = None):
+        self.cfg = cfg
+        self.model = model or CostModel(cfg)
+
+    # -- public --------------------------------------------------------------------------------------
+    def plan(self, prob: Problem, missing_signals: list[str] | None = None) -> Plan:
+        t0 = time.perf_counter()
+        st = State(prob)
+        before = self.model.evaluate(st)
+        fixed = Counter(r for r in prob.fixed_reason if r)
+        search = None
+        if prob.cand is not None and prob.movable.any() and self.cfg.max_moves_per_round > 0:
+            search = self._search(prob, st)
+            st = search.st
+        after = self.model.evaluate(st)
+        moves = self._moves(search) if search else []
+        H = self.cfg.amortization_seconds
+        mig = sum(m.migration_cost for m in moves)
+        return Plan(
+            moves=moves,
+            cost_before=CostSummary(total=sum(before.values()), terms=before),
+            cost_after=CostSummary(total=sum(after.values()), terms=after),
+            migration_cost=mig, amortization_seconds=H,
+            objective_before=H * sum(before.values()), objective_after=H * sum(after.values()) + mig,
+            containers=prob.n, movable=int(prob.movable.sum()), fixed=dict(sorted(fixed.items())),
+            missing_signals=sorted(missing_signals or []), notes=list(prob.notes),
+            duration_seconds=time.perf_counter() - t0,
+        )
+
+    # -- search --------------------------------------------------------------------------------------
+    def _beam_width(self, prob: Problem) -> int:
+        """Plain greedy on big problems; a small beam where a round is cheap. Work-based, not
+        time-based, so the plan stays deterministic."""
+        work = max(1, int(prob.movable.sum()) * prob.cand.n)
+        return int(max(1, min(BEAM_MAX, BEAM_WORK // work)))
+
+    def _search(self, prob: Problem, st: State) -> _Search:
+        mov = np.flatnonzero(prob.movable)
+        mig = self.model.migration.matrix(prob, mov)
+        valid = prob.valid(mov)
+        home = prob.current[mov]
+        has_home = np.flatnonzero(home >= 0)
+        # Going back to where it was costs nothing; it is offered only to a container moved this round.
+        mig[has_home, home[has_home]] = 0.0
+        min_mig = np.where(valid, mig, np.inf).min(axis=1)
+        root = _Search(prob, st, mov, mig, valid, min_mig, np.full(len(mov), -1))
+        limit = self.cfg.max_moves_per_round
+        width = self._beam_width(prob)
+        beam, best = [root], root
+        for _ in range(4 * limit + 8):
+            children: list[_Search] = []
+            stuck: list[tuple[_Search, np.ndarray, dict[int, float]]] = []
+            for b in beam:
+                allowed = self._allowed(b, limit)
+                if len(allowed) == 0:
+                    continue
+                seen: dict[int, float] = {}
+                steps = self._top_singles(b, allowed, self.cfg.min_net_gain, width, seen)
+                for step in steps:
+                    c = b if width == 1 else b.clone()
+                    self._apply(c, step)
+                    children.append(c)
+                if not steps:
+                    stuck.append((b, allowed, seen))
+            if not children and stuck:
+                # No single move pays anywhere in the beam: look for a pair from its best state.
+                b, allowed, seen = stuck[0]
+                pair = self._best_pair(b, allowed, limit, seen)
+                if pair is not None:
+                    c = b if width == 1 else b.clone()
+                    self._apply(c, pair[0])
+                    self._apply(c, pair[1])
+                    children.append(c)
+            if not children:
+                break
+            uniq: dict[bytes, _Search] = {}
+            for c in children:
+                key = c.placed.tobytes()
+                if key not in uniq or c.value > uniq[key].value:
+                    uniq[key] = c
+            beam = sorted(uniq.values(), key=lambda c: (-c.value, c.placed.tobytes()))[:width]
+            if beam[0].value > best.value:
+                best = beam[0]
+        return best
+
+    def _moved(self, s: _Search) -> np.ndarray:
+        return s.placed >= 0
+
+    def _allowed(self, s: _Search, limit: int) -> np.ndarray:
+        moved = self._moved(s)
+        if moved.sum() >= limit:
+            return np.flatnonzero(moved)
+        return np.arange(len(s.mov))
+
+    def _mcur(self, s: _Search, ks: np.ndarray) -> np.ndarray:
+        p = s.placed[ks]
+        out = np.zeros(len(ks))
+        m = p >= 0
+        out[m] = s.mig[ks[m], p[m]]
+        return out
+
+    def _valid(self, s: _Search, ks: np.ndarray) -> np.ndarray:
+        v = s.valid[ks].copy()
+        home = s.prob.current[s.mov[ks]]
+        moved = s.placed[ks] >= 0
+        back = np.flatnonzero(moved & (home >= 0))
+        v[back, home[back]] = True  # may return home
+        here = np.flatnonzero(moved)
+        v[here, s.placed[ks[here]]] = False  # not a move
+        return v
+
+    def _scores(self, s: _Search, ks: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        H, m = self.cfg.amortization_seconds, self.cfg.gain_margin
+        total, parts = self.model.delta(s.st, s.mov[ks])
+        score = -H * total - (1.0 + m) * (s.mig[ks] - self._mcur(s, ks)[:, None])
+        score[~self._valid(s, ks)] = -np.inf
+        return score, parts
+
+    def _top_singles(self, s: _Search, ks: np.ndarray, floor: float, count: int,
+                     seen: dict[int, float] | None = None) -> list[_Step]:
+        """The ``count`` best single moves among rows ``ks`` (indices into ``s.mov``) scoring above
+        ``floor``, best first.
+
+        Rows are scanned in the order of an upper bound of their score and the scan stops when no
+        remaining row can enter the result. ``seen`` receives the best score of every row evaluated;
+        when it is asked for, at least the first chunk is evaluated."""
+        H, m = self.cfg.amortization_seconds, self.cfg.gain_margin
+        rows = s.mov[ks]
+        lb = np.zeros(len(ks))
+        for t in self.model.active_terms(s.prob):
+            lb += t.min_delta(s.prob, s.st, rows)
+        min_mig = np.where(s.placed[ks] >= 0, 0.0, s.min_mig[ks])  # a moved row may go home for free
+        ub = -H * lb - (1.0 + m) * (min_mig - self._mcur(s, ks))
+        order = np.argsort(-ub, kind="stable")
+        top: list[_Step] = []
+
+        def bar() -> float:
+            return max(floor, top[-1].score) if len(top) >= count else floor
+
+        for lo in range(0, len(order), CHUNK):
+            chunk = order[lo:lo + CHUNK]
+            if ub[chunk[0]] <= bar() and not (seen is not None and lo == 0):
+                break
+            kk = ks[chunk]
+            score, parts = self._scores(s, kk)
+            if seen is not None:
+                for k, v in zip(kk, score.max(axis=1)):
+                    seen[int(k)] = float(v)
+            flat = score.ravel()
+            if count == 1:
+                picks = [int(np.argmax(flat))]
+            else:
+                picks = np.argsort(-flat, kind="stable")[:count].tolist()
+            for f in picks:
+                r, c = divmod(f, score.shape[1])
+                v = float(score[r, c])
+                if not np.isfinite(v) or v <= bar():
+                    continue
+                top.append(_Step(int(kk[r]), c, v, {n: float(a[r, c]) for n, a in parts.items()}))
+                top.sort(key=lambda t: -t.score)
+                del top[count:]
+        return top
+
+    def _best_single(self, s: _Search, ks: np.ndarray, floor: float) -> _Step | None:
+        top = self._top_singles(s, ks, floor, 1)
+        return top[0] if top else None
+
+    def _first_moves(self, s: _Search, ks: np.ndarray, seen: dict[int, float]) -> list[int]:
+        """Rows worth trying as the first of two moves: the strongest bilinear pairs (no single move of
+        theirs pays, see the module doc), rows moved already (early greedy choices are the myopic
+        ones), then the rows whose best single move came closest to paying."""
+        out: list[int] = []
+        rows = s.mov[ks]
+        P = None
+        for t in self.model.active_terms(s.prob):
+            p = t.pairs(s.prob, s.st, rows)
+            if p is not None:
+                P = p if P is None else P + p
+        if P is not None and len(ks) > 1:
+            P = P + P.T
+            np.fill_diagonal(P, 0.0)
+            flat = np.triu(P, 1).ravel()
+            top = np.argpartition(-flat, PAIRS)[:PAIRS] if flat.size > PAIRS else np.arange(flat.size)
+            top = top[np.lexsort((top, -flat[top]))]  # by value, ties by position: deterministic
+            for t in top:
+                if flat[t] <= 0:
+                    break
+                a, b = divmod(int(t), len(ks))
+                out += [int(ks[a]), int(ks[b])]
+        out += [int(k) for k in ks if s.placed[k] >= 0]
+        out += [k for k, _ in sorted(seen.items(), key=lambda kv: (-kv[1], kv[0]))]
+        if self._small(s.prob):
+            out += [int(k) for k in ks]  # cheap enough to try every row
+            return list(dict.fromkeys(out))
+        return list(dict.fromkeys(out))[:FIRST_MOVES]
+
+    def _small(self, prob: Problem) -> bool:
+        return int(prob.movable.sum()) * prob.cand.n <= BEAM_WORK
+
+    def _best_pair(self, s: _Search, ks: np.ndarray, limit: int,
+                   seen: dict[int, float]) -> tuple[_Step, _Step] | None:
+        """Two consecutive moves that pay together though no single one does."""
+        free = limit - int(self._moved(s).sum())
+        best: tuple[_Step, _Step] | None = None
+        trials = PAIR_TRIALS_SMALL if self._small(s.prob) else PAIR_TRIALS
+        for first in self._first_moves(s, ks, seen):
+            if s.placed[first] < 0 and free < 1:
+                continue
+            sc, parts = self._scores(s, np.array([first]))
+            dests = sc.shape[1] if self._small(s.prob) else PAIR_FIRST
+            for c1 in np.argsort(-sc[0], kind="stable")[:dests]:
+                if not np.isfinite(sc[0, c1]) or trials <= 0:
+                    break
+                trials -= 1
+                step1 = _Step(first, int(c1), float(sc[0, c1]), {n: float(v[0, c1]) for n, v in parts.items()})
+                saved = (s.st.F.copy(), s.st.S[s.mov[first]].copy(), int(s.placed[first]))
+                self._place(s, first, int(c1))
+                rest = self._allowed(s, limit)
+                rest = rest[rest != first]
+                need = self.cfg.min_net_gain - step1.score
+                if best is not None:
+                    need = max(need, best[0].score + best[1].score - step1.score)
+                step2 = self._best_single(s, rest, need) if len(rest) else None
+                s.st.F[:] = saved[0]
+                s.st.S[s.mov[first]] = saved[1]
+                s.placed[first] = saved[2]
+                if step2 is not None:
+                    step1.enables = step2.row
+                    best = (step1, step2)
+        return best
+
+    def _place(self, s: _Search, k: int, c: int) -> None:
+        i = s.mov[k]
+        home = s.prob.current[i]
+        if c == home:
+            s.st.set_row(i, s.prob.S0[i].copy())
+            s.placed[k] = -1
+        else:
+            s.st.set_row(i, s.prob.cand.row(c))
+            s.placed[k] = c
+
+    def _apply(self, s: _Search, step: _Step) -> None:
+        self._place(s, step.row, step.cand)
+        s.steps.append(step)
+        s.value += step.score
+
+    # -- output --------------------------------------------------------------------------------------
+    def _moves(self, s: _Search) -> list[MoveModel]:
+        prob, H = s.prob, self.cfg.amortization_seconds
+        summaries = {t.name: t.summary for t in self.model.terms}
+        parts_of: dict[int, dict[str, float]] = {}
+        enables: dict[int, int] = {}
+        for st_ in s.steps:
+            acc = parts_of.setdefault(st_.row, {})
+            for n, v in st_.parts.items():
+                acc[n] = acc.get(n, 0.0) + v
+            if st_.enables is not None:
+                enables[st_.row] = st_.enables
+
+        def why(k: int) -> str:
+            better = sorted((v, n) for n, v in parts_of.get(k, {}).items() if v < -1e-12)
+            return "; ".join(f"{summaries.get(n, n)} ({v:+.3g}/s)" for v, n in better)
+
+        out = []
+        for k in np.flatnonzero(s.placed >= 0):
+            i = int(s.mov[k])
+            c = int(s.placed[k])
+            parts = parts_of.get(int(k), {})
+            gain = -sum(parts.values())
+            reason = why(int(k))
+            if not reason and int(k) in enables:
+                other = prob.containers[int(s.mov[enables[int(k)]])]
+                reason = f"makes room for {other.name or other.id}: {why(enables[int(k)]) or 'a better placement'}"
+            pos = prob.cand.positions(c)
+            mb = self.model.migration.single(prob, i, prob.S0[i], prob.cand.row(c))
+            ci = prob.containers[i]
+            out.append(MoveModel(
+                container_id=ci.id, name=ci.name, namespace=ci.namespace, pod=ci.pod,
+                from_cpus=format_cpulist(ci.cpuset), to_cpus=format_cpulist(prob.node.cpus_of(pos)),
+                to_mems=format_cpulist(prob.node.mems_of(pos)), destination=prob.cand.labels[c],
+                reason=reason or "rebalances load", reasons={n: round(v, 12) for n, v in sorted(parts.items())},
+                gain_per_second=gain, predicted_gain=gain * H, migration_cost=mb.total,
+                migration=MigrationModel(disruption=mb.disruption, rewarm=mb.rewarm, remote_memory=mb.remote_memory),
+            ))
+        return sorted(out, key=lambda m: m.container_id)

@@ -1,0 +1,161 @@
+"""Model input from the store's recent window.
+
+Series read (averages or rates over ``rebalancer.window_seconds``):
+
+==========================  ==========================================================  ==========
+input                       series                                                      source
+==========================  ==========================================================  ==========
+containers, cpuset, labels  ``cri_resmgr_container_cpuset_cpus{cpus}`` (newest per id)  cgroup
+CPU usage                   rate of ``cri_resmgr_container_cpu_usage_seconds_total``     cgroup
+AVX512 ratio                ``cri_resmgr_container_avx512_ratio``, else the rate ratio   issue #3
+                            of ``..._avx512_switches_total`` / ``..._context_switches_total``
+LLC misses/s                rate of ``cri_resmgr_container_llc_misses_total``            issue #4
+memory bandwidth            rate of ``cri_resmgr_container_memory_bandwidth_bytes_total  issue #4
+                            {scope="total"}``, summed over ``cache_id``
+cache occupancy             ``cri_resmgr_container_llc_occupancy_bytes``, summed over    issue #4
+                            ``cache_id``
+SST-BF priority             ``cri_resmgr_cpu_sst_bf_high_priority{cpu}`` (else the       issue #4
+                            topology's ``base_frequency``)
+==========================  ==========================================================  ==========
+
+A signal with no series at all is *missing*: it counts as zero and the plan lists it. Until the
+collectors of issues #3/#4 land, ``rebalancer.overrides`` (config) can set the same values for
+containers matched by their labels — which is how the end-to-end test marks its AVX512 cgroups.
+Requests, annotations and exclusivity come from a :class:`MetadataSource` (the relay's container cache,
+issue #5) when there is one.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Protocol
+
+from .. import metrics as M
+from ..config import RebalancerConfig
+from ..store import Matcher, Store, query_range
+from ..sysfs import parse_cpulist
+from .model import ANNOTATION_LATENCY_CRITICAL, ContainerInput
+
+CPUSET = M.CONTAINER_CPUSET_CPUS.name
+USAGE = M.CONTAINER_CPU_USAGE.name
+# Defined by the collectors of issues #3 and #4 (names as those issues specify them).
+AVX512_RATIO = "cri_resmgr_container_avx512_ratio"
+AVX512_SWITCHES = "cri_resmgr_container_avx512_switches_total"
+CONTEXT_SWITCHES = "cri_resmgr_container_context_switches_total"
+LLC_MISSES = "cri_resmgr_container_llc_misses_total"
+MEMORY_BANDWIDTH = "cri_resmgr_container_memory_bandwidth_bytes_total"
+LLC_OCCUPANCY = "cri_resmgr_container_llc_occupancy_bytes"
+SST_BF_HIGH_PRIORITY = "cri_resmgr_cpu_sst_bf_high_priority"
+
+
+@dataclass(frozen=True)
+class ContainerMetadata:
+    """What the relay knows and the cgroup tree does not."""
+
+    cpu_request: float | None = None
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    qos: str | None = None
+    exclusive: bool | None = None
+
+
+class MetadataSource(Protocol):
+    def metadata(self) -> Mapping[str, ContainerMetadata]:
+        """Container id -> metadata."""
+
+
+@dataclass
+class Inputs:
+    containers: list[ContainerInput]
+    missing: list[str]
+    high_priority_cpus: frozenset[int] | None  # from the store; None: use the topology's
+
+
+def _per_container(store: Store, metric: str, now: float, window: float, fn: str,
+                   matchers: list[Matcher] | None = None) -> dict[str, float]:
+    """container_id -> the window's value, summed over series of one container (e.g. per cache_id)."""
+    if not store.select(metric, matchers or []):
+        return {}
+    _, series = query_range(store, metric, matchers or [], now, now, window, agg="avg", fn=fn)
+    out: dict[str, float] = {}
+    for s in series:
+        cid = s.labels.get("container_id")
+        v = float(s.values[-1]) if len(s.values) else math.nan
+        if cid and not math.isnan(v):
+            out[cid] = out.get(cid, 0.0) + v
+    return out
+
+
+def _matches(match: Mapping[str, str], labels: Mapping[str, str]) -> bool:
+    return all(labels.get(k) == v for k, v in match.items())
+
+
+def read_inputs(store: Store, cfg: RebalancerConfig, now: float, last_moved: Mapping[str, float] | None = None,
+                metadata: Mapping[str, ContainerMetadata] | None = None) -> Inputs:
+    window = cfg.window_seconds
+    # Newest cpuset series per container: a changed cpuset is a new series (label "cpus").
+    newest: dict[str, tuple[float, dict[str, str]]] = {}
+    for ref, t, _v in store.latest(CPUSET, max_age_rows=2):
+        lab = ref.label_dict
+        cid = lab.get("container_id")
+        if cid and (cid not in newest or t > newest[cid][0]):
+            newest[cid] = (t, lab)
+    usage = _per_container(store, USAGE, now, window, "rate")
+    missing: list[str] = []
+
+    avx = _per_container(store, AVX512_RATIO, now, window, "raw")
+    if not avx:
+        sw, cs = (_per_container(store, m, now, window, "rate") for m in (AVX512_SWITCHES, CONTEXT_SWITCHES))
+        avx = {k: sw.get(k, 0.0) / v for k, v in cs.items() if v > 0}
+        if not cs:
+            missing.append(f"avx512_ratio (no {AVX512_RATIO} or {CONTEXT_SWITCHES} series: AVX512 collector, issue #3)")
+    misses = _per_container(store, LLC_MISSES, now, window, "rate")
+    if not store.select(LLC_MISSES):
+        missing.append(f"llc_misses_per_second (no {LLC_MISSES}: perf collector, issue #4)")
+    bw = _per_container(store, MEMORY_BANDWIDTH, now, window, "rate", [Matcher("scope", "=", "total")])
+    if not store.select(MEMORY_BANDWIDTH):
+        missing.append(f"memory_bandwidth (no {MEMORY_BANDWIDTH}: RDT MBM, issue #4; LLC misses × 64 B used)")
+    occ = _per_container(store, LLC_OCCUPANCY, now, window, "raw")
+    if not store.select(LLC_OCCUPANCY):
+        missing.append(f"llc_occupancy (no {LLC_OCCUPANCY}: RDT CMT, issue #4)")
+    hp = None
+    sst = store.latest(SST_BF_HIGH_PRIORITY, max_age_rows=2)
+    if sst:
+        hp = frozenset(int(r.label_dict["cpu"]) for r, _t, v in sst if v >= 0.5 and r.label_dict.get("cpu", "").isdigit())
+
+    metadata = metadata or {}
+    out = []
+    used_overrides = 0
+    for cid, (_t, lab) in sorted(newest.items()):
+        try:
+            cpus = parse_cpulist(lab.get("cpus", ""))
+        except ValueError:
+            continue
+        md = metadata.get(cid, ContainerMetadata())
+        c = ContainerInput(
+            id=cid, cpuset=cpus, cpu_usage=max(0.0, usage.get(cid, 0.0)),
+            cpu_request=md.cpu_request or 0.0, qos=md.qos or lab.get("qos_class", ""),
+            name=lab.get("container", ""), namespace=lab.get("namespace", ""), pod=lab.get("pod", ""),
+            avx512_ratio=min(1.0, max(0.0, avx.get(cid, 0.0))),
+            llc_misses_per_second=max(0.0, misses.get(cid, 0.0)),
+            memory_bandwidth_bytes_per_second=bw.get(cid) if bw else None,
+            llc_occupancy_bytes=max(0.0, occ.get(cid, 0.0)),
+            annotations=dict(md.annotations), exclusive=md.exclusive,
+            last_moved=(last_moved or {}).get(cid),
+        )
+        for o in cfg.overrides:
+            if not _matches(o.match, lab):
+                continue
+            used_overrides += 1
+            upd = {k: getattr(o, k) for k in ("avx512_ratio", "cpu_request", "exclusive", "llc_occupancy_bytes",
+                                              "llc_misses_per_second", "memory_bandwidth_bytes_per_second")
+                   if getattr(o, k) is not None}
+            if o.latency_critical is not None:
+                upd["annotations"] = {**c.annotations, ANNOTATION_LATENCY_CRITICAL: str(o.latency_critical).lower()}
+            c = replace(c, **upd)
+        out.append(c)
+    if used_overrides:
+        missing = [m + " — rebalancer.overrides set values" if m.startswith(("avx512", "llc", "memory")) else m
+                   for m in missing]
+    return Inputs(out, missing, hp)

@@ -1,0 +1,414 @@
+"""Interference terms of the cost model.
+
+Each term is a function of the per-CPU fields ``F`` of a :class:`~.model.State` and answers three
+questions, which must agree (the tests check ``delta`` against ``cost`` before and after each move, and
+the MILP encoding against ``cost`` of the solver's placement):
+
+``cost(prob, st)``
+    the term's weighted cost of a placement, in cost units per second;
+``delta(prob, st, rows)``
+    rows × candidates: the change of ``cost`` if container ``rows[k]`` alone moved to candidate ``j``,
+    vectorised over all pairs (interval sums over the tree order, see :class:`~.model.Candidates`);
+``encode(enc)``
+    the same cost as linear constraints of the exact MILP (:mod:`.exact`).
+
+Bilinear terms (a product of two containers' loads) also implement ``pairs``: for them no single move
+may gain (moving one AVX512 container inside a pool where scalar work is spread evenly changes nothing
+until the scalar work moves away too), so the planner looks at the strongest pairs for compound moves.
+
+Shares assume a container's work is spread evenly over its cpuset. Weights come from
+``rebalancer.weights``; docs/rebalancer.md has a guide to adding a term.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, ClassVar
+
+import numpy as np
+
+from ..config import RebalancerConfig
+from .model import AVX, BW, DEMAND, LC, OCC, SENS
+
+if TYPE_CHECKING:
+    from .exact import Encoder
+    from .model import Problem, State
+
+
+class CostTerm:
+    name: ClassVar[str]
+    summary: ClassVar[str]  # one line for a move's reason: what got better
+
+    def __init__(self, weight: float, cfg: RebalancerConfig):
+        self.weight = float(weight)
+        self.cfg = cfg
+
+    def applies(self, prob: Problem) -> bool:
+        return True
+
+    def cost(self, prob: Problem, st: State) -> float:
+        raise NotImplementedError
+
+    def delta(self, prob: Problem, st: State, rows: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
+    def min_delta(self, prob: Problem, st: State, rows: np.ndarray) -> np.ndarray:
+        """A lower bound, per row, of ``delta`` over all candidates: lets the planner skip rows that
+        cannot hold the best move. Exact (and slow) by default; terms override it with a cheap bound."""
+        return self.delta(prob, st, rows).min(axis=1)
+
+    def pairs(self, prob: Problem, st: State, rows: np.ndarray) -> np.ndarray | None:
+        """rows × rows interference between two containers (bilinear terms only)."""
+        return None
+
+    def encode(self, enc: Encoder) -> None:
+        raise NotImplementedError(f"{self.name} has no MILP encoding")
+
+
+# -- per-CPU terms -----------------------------------------------------------------------------------
+class Oversubscription(CostTerm):
+    """CPU demand beyond what the CPUs of a shared set can give.
+
+    Per CPU, load = Σ containers demand × share, with demand = max(usage, request) (a container is
+    entitled to its request and competes with what it uses). Cost = weight × Σ_cpu max(0, load −
+    ``oversubscription_threshold``): CPUs of runnable work per second that wait for a CPU — the delay
+    the CFS run queue adds. Convex piecewise linear: the MILP encodes it exactly with one excess
+    variable per CPU.
+    """
+
+    name = "oversubscription"
+    summary = "relieves oversubscribed CPUs"
+
+    def cost(self, prob, st):
+        return self.weight * np.maximum(0.0, st.F[:, DEMAND] - self.cfg.oversubscription_threshold).sum()
+
+    def delta(self, prob, st, rows):
+        th = self.cfg.oversubscription_threshold
+        cand = prob.cand
+        out = np.zeros((len(rows), cand.n))
+        d = prob.X[rows, DEMAND]
+        live = np.flatnonzero(d > 0)
+        if len(live) == 0:
+            return out
+        r, d = rows[live], d[live]
+        load = st.F[:, DEMAND]
+        base = load[None, :] - st.S[r] * d[:, None]
+        # max(0, b + inc − θ) − max(0, b − θ) = max(b + inc, θ) − max(b, θ)
+        f_base = np.maximum(base, th)
+        removal = (f_base - th).sum(axis=1) - np.maximum(0.0, load - th).sum()
+        pool = cand.pool > 0
+        # Only CPUs that can cross the threshold contribute (base ≤ load everywhere), and only rows
+        # whose increment can reach it: the rest of the K × CPUs work is skipped.
+        peak = base.max(axis=1)
+        sub = np.zeros((len(r), cand.n))
+        all_rows = np.arange(len(r))
+        for z, idx in cand.size_classes:
+            inc = d / z
+            hot_rows = np.flatnonzero(peak + inc > th)
+            if len(hot_rows) == 0:
+                continue
+            hot_pos = np.flatnonzero(pool & (load + inc[hot_rows].max() > th))
+            if len(hot_pos) == 0:
+                continue
+            if len(hot_rows) == len(r):
+                b, fb, inc_h, hot_rows = base, f_base, inc, all_rows
+            else:
+                b, fb, inc_h = base[hot_rows], f_base[hot_rows], inc[hot_rows]
+            if len(hot_pos) < len(load):
+                b, fb = b[:, hot_pos], fb[:, hot_pos]
+            cs = np.empty((len(hot_rows), len(hot_pos) + 1))
+            cs[:, 0] = 0.0
+            np.cumsum(np.maximum(b + inc_h[:, None], th) - fb, axis=1, out=cs[:, 1:])
+            a = np.searchsorted(hot_pos, cand.lo[idx])
+            e = np.searchsorted(hot_pos, cand.hi[idx])
+            if len(hot_rows) == len(r):
+                sub[:, idx] = cs[:, e] - cs[:, a]
+            else:
+                sub[hot_rows[:, None], idx[None, :]] = cs[:, e] - cs[:, a]
+        out[live] = sub + removal[:, None]
+        return self.weight * out
+
+    def min_delta(self, prob, st, rows):
+        # Adding demand never lowers Σ max(0, load − θ): the removal from the current cpuset bounds the gain.
+        th = self.cfg.oversubscription_threshold
+        load = st.F[:, DEMAND]
+        d = prob.X[rows, DEMAND]
+        out = np.zeros(len(rows))
+        live = np.flatnonzero(d > 0)
+        if len(live):
+            base = load[None, :] - st.S[rows[live]] * d[live, None]
+            out[live] = np.maximum(0.0, base - th).sum(axis=1) - np.maximum(0.0, load - th).sum()
+        return self.weight * out
+
+    def encode(self, enc):
+        load = enc.field(DEMAND)  # positions × variables (+ constants)
+        enc.add_excess(load, np.full(enc.prob.node.ncpu, self.cfg.oversubscription_threshold),
+                       np.full(enc.prob.node.ncpu, self.weight))
+
+
+class LatencyCritical(CostTerm):
+    """Latency-critical work off SST-BF high-priority cores.
+
+    Intel SST-BF raises the guaranteed (base) frequency of some cores at the expense of the others;
+    the high-priority ones are those whose ``base_frequency`` is above the package's lowest
+    (Documentation/admin-guide/pm/intel-speed-select.rst). Containers annotated
+    ``cri-resmgr.io/latency-critical=true`` want them. Cost = weight × Σ latency-critical demand ×
+    share on CPUs that are not high priority: CPUs of latency-critical work running at the lower
+    base frequency. Linear. Only on nodes where SST-BF shows (else it would only push for nothing).
+    """
+
+    name = "latency_critical"
+    summary = "puts latency-critical work on SST-BF high-priority cores"
+
+    def applies(self, prob):
+        return prob.node.has_sst_bf
+
+    def _field(self, prob) -> np.ndarray:
+        return 1.0 - prob.node.high_priority.astype(np.float64)
+
+    def cost(self, prob, st):
+        return self.weight * float(st.F[:, LC] @ self._field(prob))
+
+    def delta(self, prob, st, rows):
+        f = self._field(prob)
+        lc = prob.X[rows, LC]
+        return self.weight * lc[:, None] * (prob.cand.mean(f)[None, :] - (st.S[rows] @ f)[:, None])
+
+    def min_delta(self, prob, st, rows):
+        f = self._field(prob)
+        lc = prob.X[rows, LC]
+        return self.weight * lc * (prob.cand.mean(f).min() - st.S[rows] @ f)
+
+    def encode(self, enc):
+        enc.add_linear_field(LC, self.weight * self._field(enc.prob))
+
+
+class _Bilinear(CostTerm):
+    """AVX512 load × latency-sensitive load per topology domain (core or package), over the domain size.
+
+    AVX512 instructions lower the frequency of the core that runs them — the "AVX-512 license" of
+    Intel's Optimization Reference Manual (§ "Processor frequency and AVX-512") — and with it the
+    other hardware thread of that core; package-wide they draw from one power and thermal budget, so
+    turbo headroom shrinks for every core. The harm to a non-AVX512 latency-sensitive container is
+    the part of its work that runs while AVX512 work is active next to it. Per domain D:
+    ``A_D × L_D / threads_D`` — A the AVX512 load (CPUs of work of containers whose AVX512 ratio is at
+    least ``avx512_threshold`` or that carry the ``cri-resmgr.io/avx512`` hint), L the latency-sensitive
+    load (usage × QoS sensitivity, × ``latency_critical_factor`` when annotated; BestEffort counts
+    ``besteffort_sensitivity``), so A/threads is the chance a thread of D runs AVX512 code. A container
+    is either AVX512 or sensitive, never both, so there is no self term. Bilinear: the MILP uses one
+    product variable per pair of placements that share a domain.
+    """
+
+    level: ClassVar[str]
+
+    def _of(self, prob) -> tuple[np.ndarray, np.ndarray]:
+        n = prob.node
+        if self.level == "core":
+            return n.core_of, n.threads_per_core
+        return n.pkg_of, n.pkg_cpus
+
+    def _loads(self, prob, st):
+        of, size = self._of(prob)
+        A = np.bincount(of, weights=st.F[:, AVX], minlength=len(size))
+        L = np.bincount(of, weights=st.F[:, SENS], minlength=len(size))
+        return A, L, of, size
+
+    def cost(self, prob, st):
+        A, L, _, size = self._loads(prob, st)
+        return self.weight * float((A * L / size).sum())
+
+    def delta(self, prob, st, rows):
+        A, L, of, size = self._loads(prob, st)
+        a, l = prob.X[rows, AVX], prob.X[rows, SENS]
+        Lf, Af = (L / size)[of], (A / size)[of]
+        S = st.S[rows]
+        mL, mA = prob.cand.mean(Lf), prob.cand.mean(Af)
+        return self.weight * (a[:, None] * (mL[None, :] - (S @ Lf)[:, None])
+                              + l[:, None] * (mA[None, :] - (S @ Af)[:, None]))
+
+    def min_delta(self, prob, st, rows):
+        A, L, of, size = self._loads(prob, st)
+        a, l = prob.X[rows, AVX], prob.X[rows, SENS]
+        Lf, Af = (L / size)[of], (A / size)[of]
+        S = st.S[rows]
+        return self.weight * (a * (prob.cand.mean(Lf).min() - S @ Lf) + l * (prob.cand.mean(Af).min() - S @ Af))
+
+    def domain_shares(self, prob, S: np.ndarray) -> np.ndarray:
+        of, size = self._of(prob)
+        if self.level == "core":
+            return np.add.reduceat(S, prob.node.core_starts, axis=1)
+        return S @ prob.node.onehot_pkg
+
+    def pairs(self, prob, st, rows):
+        a, l = prob.X[rows, AVX], prob.X[rows, SENS]
+        ia, il = np.flatnonzero(a > 0), np.flatnonzero(l > 0)
+        if len(ia) == 0 or len(il) == 0:
+            return None
+        _, size = self._of(prob)
+        Da = self.domain_shares(prob, st.S[rows[ia]])
+        Dl = self.domain_shares(prob, st.S[rows[il]])
+        out = np.zeros((len(rows), len(rows)))
+        out[np.ix_(ia, il)] = self.weight * ((a[ia, None] * Da / size) @ (l[il, None] * Dl).T)
+        return out
+
+    def encode(self, enc):
+        enc.add_bilinear(self)
+
+
+class Avx512Core(_Bilinear):
+    name = "avx512_core"
+    summary = "keeps AVX512 work off cores shared with latency-sensitive work"
+    level = "core"
+
+
+class Avx512Package(_Bilinear):
+    name = "avx512_package"
+    summary = "keeps AVX512 work out of packages busy with latency-sensitive work"
+    level = "package"
+
+
+# -- per-domain convex terms -------------------------------------------------------------------------
+def _domain_convex_delta(load: np.ndarray, cap: np.ndarray, v: np.ndarray, share_r: np.ndarray,
+                         unique: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+    """Δ Σ_D max(0, load_D − cap_D)/cap_D when a container with value ``v`` moves from ``share_r``
+    (rows × domains) to each candidate, whose shares are given as (distinct rows, index per candidate)."""
+    u, inv = unique
+    base = load[None, :] - share_r * v[:, None]
+    f_base = np.maximum(0.0, base - cap) / cap
+    removal = f_base.sum(axis=1) - (np.maximum(0.0, load - cap) / cap).sum()
+    add = (np.maximum(0.0, base[:, None, :] + v[:, None, None] * u[None, :, :] - cap) / cap
+           - f_base[:, None, :]).sum(axis=2)
+    return removal[:, None] + add[:, inv]
+
+
+def _domain_removal(load, cap, v, share_r) -> np.ndarray:
+    base = load[None, :] - share_r * v[:, None]
+    return (np.maximum(0.0, base - cap) / cap).sum(axis=1) - (np.maximum(0.0, load - cap) / cap).sum()
+
+
+class _DomainExcess(CostTerm):
+    attr: ClassVar[int]
+
+    def domains(self, prob) -> list[tuple[np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray]]]:
+        """(onehot positions × domains, capacity per domain, (distinct candidate share rows, index per
+        candidate)) for each kind of domain the term covers."""
+        raise NotImplementedError
+
+    def applies(self, prob):
+        return bool(self.domains(prob))
+
+    def cost(self, prob, st):
+        tot = 0.0
+        for onehot, cap, _ in self.domains(prob):
+            load = st.F[:, self.attr] @ onehot
+            tot += float((np.maximum(0.0, load - cap) / cap).sum())
+        return self.weight * tot
+
+    def delta(self, prob, st, rows):
+        out = np.zeros((len(rows), prob.cand.n))
+        v = prob.X[rows, self.attr]
+        live = np.flatnonzero(v > 0)
+        if len(live) == 0:
+            return out
+        S = st.S[rows[live]]
+        for onehot, cap, unique in self.domains(prob):
+            load = st.F[:, self.attr] @ onehot
+            out[live] += _domain_convex_delta(load, cap, v[live], S @ onehot, unique)
+        return self.weight * out
+
+    def min_delta(self, prob, st, rows):
+        out = np.zeros(len(rows))
+        v = prob.X[rows, self.attr]
+        live = np.flatnonzero(v > 0)
+        if len(live) == 0:
+            return out
+        S = st.S[rows[live]]
+        for onehot, cap, _ in self.domains(prob):
+            out[live] += _domain_removal(st.F[:, self.attr] @ onehot, cap, v[live], S @ onehot)
+        return self.weight * out
+
+    def encode(self, enc):
+        M, c = enc.field(self.attr)
+        for onehot, cap, _ in self.domains(enc.prob):
+            enc.add_excess((onehot.T @ M, onehot.T @ c), cap, self.weight / cap)
+
+
+class MemoryBandwidth(_DomainExcess):
+    """Memory-bandwidth demand beyond a NUMA node's (and, when configured, an L3 domain's) capacity.
+
+    With local allocation (mems follow the CPUs), a container draws its bandwidth — MBM
+    ``mbm_total_bytes`` rate, else LLC misses × 64 bytes — from the nodes it runs on, in proportion to
+    its share there. Beyond the node's capacity (``numa_bandwidth_bytes_per_second``) every
+    memory-bound container of the node stalls. On parts where an L3 domain has its own link to
+    memory (AMD CCDs), ``l3_bandwidth_bytes_per_second`` caps each L3 domain too. Cost = weight ×
+    Σ_domain max(0, demand − capacity) / capacity: one full capacity of excess costs ``weight``.
+    Convex piecewise linear.
+    """
+
+    name = "memory_bandwidth"
+    summary = "spreads memory-bandwidth demand beyond a NUMA node's or L3 domain's capacity"
+    attr = BW
+
+    def domains(self, prob):
+        n, c = prob.node, prob.cand
+        out = [(n.onehot_numa, n.numa_bandwidth, c.unique_numa if c is not None else None)]
+        if n.l3_bandwidth is not None and np.isfinite(n.l3_bandwidth).any():
+            keep = np.isfinite(n.l3_bandwidth)
+            shares = None
+            if c is not None:
+                u, inv = c.unique_l3
+                shares = (u[:, keep], inv)
+            out.append((n.onehot_l3[:, keep], n.l3_bandwidth[keep], shares))
+        return out
+
+
+class CacheOccupancy(_DomainExcess):
+    """Cache-occupancy pressure per L3 domain.
+
+    The L3 occupancy a container holds (CMT ``llc_occupancy``) is the working set it keeps warm; when
+    the occupancy of the containers sharing an L3 domain exceeds ``cache_pressure_threshold`` × its
+    size, they evict each other's lines and every miss goes to memory. Cost = weight × Σ_L3
+    max(0, occupancy − threshold × size) / size. Measured occupancy can only approach the size, so
+    this term is the *prediction* for a move: a thrasher carried into an L3 that is already full.
+    Convex piecewise linear.
+    """
+
+    name = "cache_occupancy"
+    summary = "relieves cache-occupancy pressure in an L3 domain"
+    attr = OCC
+
+    def domains(self, prob):
+        n, c = prob.node, prob.cand
+        keep = n.l3_size_bytes > 0
+        if not keep.any():
+            return []
+        # Written as excess over an effective capacity (threshold × size) divided by the size.
+        cap = self.cfg.cache_pressure_threshold * n.l3_size_bytes[keep]
+        shares = None
+        if c is not None:  # no candidates (empty pool): costs only, no deltas
+            u, inv = c.unique_l3
+            shares = (u[:, keep], inv)
+        return [(n.onehot_l3[:, keep], cap, shares)]
+
+    def cost(self, prob, st):
+        return super().cost(prob, st) * self.cfg.cache_pressure_threshold
+
+    def delta(self, prob, st, rows):
+        return super().delta(prob, st, rows) * self.cfg.cache_pressure_threshold
+
+    def min_delta(self, prob, st, rows):
+        return super().min_delta(prob, st, rows) * self.cfg.cache_pressure_threshold
+
+    def encode(self, enc):
+        M, c = enc.field(self.attr)
+        th = self.cfg.cache_pressure_threshold
+        for onehot, cap, _ in self.domains(enc.prob):
+            enc.add_excess((onehot.T @ M, onehot.T @ c), cap, self.weight * th / cap)
+
+
+TERMS: tuple[type[CostTerm], ...] = (Avx512Core, Avx512Package, MemoryBandwidth, CacheOccupancy,
+                                     LatencyCritical, Oversubscription)
+
+
+def default_terms(cfg: RebalancerConfig) -> list[CostTerm]:
+    w = cfg.weights
+    return [t(getattr(w, t.name), cfg) for t in TERMS]

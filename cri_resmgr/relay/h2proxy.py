@@ -1,0 +1,796 @@
+"""A gRPC-aware HTTP/2 proxy that forwards frames as they are and looks only at what it must.
+
+Why not a gRPC server and a gRPC client back to back: in Python that costs a request decode and encode,
+two thread hand-offs and a second call per request (measured ~0.6 ms added at p50 here). Instead every
+client connection is paired with its own connection to the runtime and frames are copied through
+unchanged (RFC 9113), so metadata, deadlines (``grpc-timeout``), status codes, unknown protobuf fields and
+server-streaming calls pass exactly as the runtime sends them.
+
+What the proxy does look at:
+
+- header blocks in both directions are decoded (HPACK, RFC 7541) to learn each stream's ``:path`` and its
+  ``grpc-status``. Blocks are forwarded byte for byte and in order, so both ends' HPACK dynamic tables
+  stay in step; the proxy's own header blocks (the responses it answers itself) use only "literal never
+  indexed" fields (RFC 7541 §6.2.3), which leave every dynamic table untouched;
+- for methods the relay owns, the request message is held until it is complete, handed to a hook (in a
+  worker thread) which may rewrite or refuse it; the response message is copied as it passes;
+- flow control (RFC 9113 §6.9) stays exact around held requests: the proxy credits the client at once
+  for the bytes it holds (so a request larger than the window cannot stall), takes the bytes it later
+  sends to the runtime out of the runtime's next connection WINDOW_UPDATEs to the client, and tracks the
+  runtime's connection and stream windows itself, queueing DATA that does not fit until the runtime
+  opens them.
+
+The gRPC wire format (length-prefixed messages; status in trailers) is in grpc/doc/PROTOCOL-HTTP2.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import struct
+import time
+import urllib.parse
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from enum import Enum
+
+import hpack
+
+log = logging.getLogger(__name__)
+
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = range(10)
+F_END_STREAM, F_ACK, F_END_HEADERS, F_PADDED, F_PRIORITY = 0x1, 0x1, 0x4, 0x8, 0x20
+SETTINGS_HEADER_TABLE_SIZE, SETTINGS_INITIAL_WINDOW_SIZE = 0x1, 0x4
+DEFAULT_WINDOW = 65535  # initial connection and stream window (RFC 9113 §6.9.2)
+MAX_FRAME_PAYLOAD = 16384  # SETTINGS_MAX_FRAME_SIZE's initial value: every peer accepts it (RFC 9113 §6.5.2)
+H2_CANCEL = 0x8
+
+# gRPC status codes (grpc/doc/statuscodes.md)
+CODE_NAMES = ("OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND", "ALREADY_EXISTS",
+              "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE",
+              "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED")
+# RST_STREAM error codes as gRPC clients map them (PROTOCOL-HTTP2.md, "Errors")
+_RST_TO_GRPC = {0x0: 13, 0x1: 13, 0x2: 13, 0x3: 13, 0x7: 14, 0x8: 1, 0xB: 8, 0xC: 7}
+
+
+def code_name(code: int) -> str:
+    return CODE_NAMES[code] if 0 <= code < len(CODE_NAMES) else str(code)
+
+
+class Mode(Enum):
+    PASS = 0  # forward, count
+    OBSERVE = 1  # forward, copy request and response messages for the completion hook
+    REWRITE = 2  # hold the request until the rewrite hook has answered
+
+
+@dataclass
+class Reject:
+    """A rewrite hook's refusal: the client gets this status; the runtime never sees the request."""
+
+    code: int
+    message: str
+
+
+@dataclass
+class Exchange:
+    """One call as the hooks see it."""
+
+    method: str
+    stream_id: int
+    started: float  # perf_counter
+    request: bytes = b""  # the first request message (gRPC framing removed), once complete
+    response: bytes = b""  # the first response message
+    code: int | None = None
+    message: str = ""
+    context: object = None  # set by the rewrite hook, handed back to the completion hook
+    rewritten: bool = False
+
+
+class Hooks:
+    """What the relay plugs into the proxy. The default forwards everything and records nothing."""
+
+    def mode(self, method: str) -> Mode:
+        return Mode.PASS
+
+    def rewrite(self, ex: Exchange) -> bytes | Reject | None:
+        """Worker thread. Return the new request message, a Reject, or None to forward unchanged."""
+        return None
+
+    def complete(self, ex: Exchange) -> None:
+        """Event-loop thread, before the client sees the call's end. Keep it short."""
+
+    def finished(self, method: str, code: int, seconds: float) -> None:
+        """Every call, for metrics."""
+
+    def dump(self, direction: str, ex: Exchange, message: bytes) -> None:
+        """Only called when ``dumping`` is true."""
+
+    dumping: bool = False
+
+
+def frame(ftype: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:
+    return len(payload).to_bytes(3, "big") + bytes((ftype, flags)) + (stream_id & 0x7FFFFFFF).to_bytes(4, "big") + payload
+
+
+def _hpack_int(value: int, prefix_bits: int, first: int) -> bytes:
+    limit = (1 << prefix_bits) - 1
+    if value < limit:
+        return bytes((first | value,))
+    out = bytearray((first | limit,))
+    value -= limit
+    while value >= 128:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def encode_never_indexed(headers: list[tuple[bytes, bytes]]) -> bytes:
+    """HPACK block of "literal header field never indexed, new name" fields (RFC 7541 §6.2.3):
+    decodable by any peer and touching no dynamic table."""
+    out = bytearray()
+    for name, value in headers:
+        out += b"\x10" + _hpack_int(len(name), 7, 0) + name + _hpack_int(len(value), 7, 0) + value
+    return bytes(out)
+
+
+def trailers_only(stream_id: int, code: int, message: str) -> bytes:
+    """A complete gRPC error response on one stream (PROTOCOL-HTTP2.md "Trailers-Only")."""
+    msg = urllib.parse.quote(message, safe=" !\"#$&'()*+,-./:;<=>?@[\\]^_`{|}~").encode()
+    block = encode_never_indexed([(b":status", b"200"), (b"content-type", b"application/grpc"),
+                                  (b"grpc-status", str(code).encode()), (b"grpc-message", msg)])
+    return frame(HEADERS, F_END_HEADERS | F_END_STREAM, stream_id, block)
+
+
+def grpc_message(payload: bytes) -> bytes | None:
+    """The first length-prefixed message in ``payload``, or None when it is incomplete or compressed."""
+    if len(payload) < 5 or payload[0] != 0:
+        return None
+    n = int.from_bytes(payload[1:5], "big")
+    if len(payload) < 5 + n:
+        return None
+    return payload[5:5 + n]
+
+
+def data_frames(stream_id: int, message: bytes) -> tuple[bytes, int]:
+    """``message`` as gRPC-framed DATA frames ending the stream; returns (bytes, flow-controlled payload size)."""
+    body = b"\x00" + len(message).to_bytes(4, "big") + message
+    out = []
+    for i in range(0, max(len(body), 1), MAX_FRAME_PAYLOAD):
+        chunk = body[i:i + MAX_FRAME_PAYLOAD]
+        last = i + MAX_FRAME_PAYLOAD >= len(body)
+        out.append(frame(DATA, F_END_STREAM if last else 0, stream_id, chunk))
+    return b"".join(out), len(body)
+
+
+def _fragment(ftype: int, flags: int, payload: bytes) -> bytes:
+    """The header block fragment of a HEADERS/CONTINUATION payload, without padding and priority."""
+    if ftype == CONTINUATION:
+        return payload
+    start, end = 0, len(payload)
+    if flags & F_PADDED:
+        start, end = 1, len(payload) - payload[0]
+    if flags & F_PRIORITY:
+        start += 5
+    return payload[start:end]
+
+
+def _data_body(flags: int, payload: bytes) -> bytes:
+    if flags & F_PADDED:
+        return payload[1:len(payload) - payload[0]]
+    return payload
+
+
+def decode_block(decoder: hpack.Decoder, block: bytes) -> list[tuple[bytes, bytes]]:
+    """Decode a header block. Fast path: when every byte is a one-byte "indexed header field"
+    (RFC 7541 §6.1: high bit set, index 1-126), the block only reads the tables and changes nothing, so
+    plain lookups give the same result as the full decoder. Repeated gRPC calls send exactly such blocks
+    once their headers are in the dynamic table."""
+    if block and min(block) > 0x80 and max(block) < 0xFF:
+        get = decoder.header_table.get_by_index
+        return [get(b & 0x7F) for b in block]
+    return decoder.decode(block, raw=True)
+
+
+def _setting(payload: bytes, wanted: int) -> int | None:
+    value = None
+    for i in range(0, len(payload) - 5, 6):
+        ident, v = struct.unpack_from(">HI", payload, i)
+        if ident == wanted:
+            value = v
+    return value
+
+
+@dataclass
+class _Stream:
+    ex: Exchange
+    mode: Mode
+    req: bytearray = field(default_factory=bytearray)
+    resp: bytearray = field(default_factory=bytearray)
+    held: list[bytes] = field(default_factory=list)  # REWRITE: DATA payloads waiting for the hook
+    req_done: bool = False
+    closed: bool = False
+    seen_response_headers: bool = False
+
+
+class _Direction:
+    """Frame parser for one direction; keeps the HPACK decoder for the blocks flowing that way."""
+
+    def __init__(self, expect_preface: bool):
+        self.buf = bytearray()
+        self.preface_left = len(PREFACE) if expect_preface else 0
+        self.decoder = hpack.Decoder()
+        self.decoder.max_header_list_size = 1 << 24
+        self.block: list[bytes] = []  # frames of a header block still waiting for END_HEADERS
+        self.block_fragments: list[bytes] = []
+        self.block_stream = 0
+        self.block_end_stream = False
+
+
+class Pair:
+    """One client connection and its runtime connection."""
+
+    def __init__(self, proxy: "Proxy", client: asyncio.Transport):
+        self.proxy = proxy
+        self.hooks = proxy.hooks
+        self.client = client
+        self.upstream: asyncio.Transport | None = None
+        self.c2s = _Direction(expect_preface=True)
+        self.s2c = _Direction(expect_preface=False)
+        self.streams: dict[int, _Stream] = {}
+        self.debt = 0  # bytes to take out of the runtime's next connection WINDOW_UPDATEs
+        # The runtime's receive windows as the proxy has used them (what it may still send upstream).
+        self.up_conn = DEFAULT_WINDOW
+        self.up_initial = DEFAULT_WINDOW
+        self.up_streams: dict[int, int] = {}
+        self.blocked: deque[tuple[int, bytes, int]] = deque()  # (stream, DATA frame, payload size)
+        self.closed = False
+        # While a direction's input is being parsed, bytes for that direction's peer are appended here so
+        # that they keep their place after frames already parsed (a stream's DATA never before its HEADERS).
+        self._c2s_out: list[bytes] | None = None
+        self._s2c_out: list[bytes] | None = None
+
+    # -- client -> runtime --------------------------------------------------------------------------
+    def from_client(self, data: bytes) -> None:
+        d = self.c2s
+        d.buf += data
+        out: list[bytes] = []
+        self._c2s_out = out
+        buf = d.buf
+        pos = 0
+        if d.preface_left:
+            take = min(d.preface_left, len(buf))
+            out.append(bytes(buf[:take]))
+            d.preface_left -= take
+            pos = take
+        n = len(buf)
+        while n - pos >= 9:
+            length = int.from_bytes(buf[pos:pos + 3], "big")
+            end = pos + 9 + length
+            if end > n:
+                break
+            ftype, flags = buf[pos + 3], buf[pos + 4]
+            sid = int.from_bytes(buf[pos + 5:pos + 9], "big") & 0x7FFFFFFF
+            if ftype == DATA:
+                st = self.streams.get(sid)
+                if st is None or (st.mode is Mode.PASS and not self.hooks.dumping):
+                    self._send_data(sid, bytes(buf[pos:end]), length)
+                elif st.mode is Mode.REWRITE and not st.req_done:
+                    st.held.append(_data_body(flags, bytes(buf[pos + 9:end])))
+                    if length:
+                        # Held bytes never reach the runtime as such: the proxy gives the client its window back.
+                        self._to_client(frame(WINDOW_UPDATE, 0, 0, length.to_bytes(4, "big")) + (
+                            b"" if flags & F_END_STREAM else frame(WINDOW_UPDATE, 0, sid, length.to_bytes(4, "big"))))
+                    if flags & F_END_STREAM:
+                        st.req_done = True
+                        self._submit_rewrite(st)
+                else:
+                    st.req += _data_body(flags, bytes(buf[pos + 9:end]))
+                    self._send_data(sid, bytes(buf[pos:end]), length)
+                    if flags & F_END_STREAM:
+                        st.req_done = True
+            elif ftype in (HEADERS, CONTINUATION):
+                self._header_frame(d, ftype, flags, sid, bytes(buf[pos:end]), out, client_side=True)
+            elif ftype == RST_STREAM:
+                out.append(bytes(buf[pos:end]))
+                self._drop_blocked(sid)
+                st = self.streams.get(sid)
+                if st is not None:
+                    st.held = []
+                    self._finish(st, 1, "cancelled by the client")
+            else:
+                if ftype == SETTINGS and not flags & F_ACK:
+                    size = _setting(bytes(buf[pos + 9:end]), SETTINGS_HEADER_TABLE_SIZE)
+                    if size is not None:
+                        # The client's decoder limit bounds the runtime's encoder: our s2c decoder follows.
+                        self.s2c.decoder.max_allowed_table_size = size
+                out.append(bytes(buf[pos:end]))
+            pos = end
+        del buf[:pos]
+        self._c2s_out = None
+        if out:
+            self._to_upstream(b"".join(out))
+
+    def _header_frame(self, d: _Direction, ftype: int, flags: int, sid: int, raw: bytes, out: list[bytes],
+                      client_side: bool) -> None:
+        if ftype == HEADERS:
+            if flags & F_END_HEADERS:  # the usual case: the whole block in one frame
+                headers = decode_block(d.decoder, _fragment(ftype, flags, raw[9:]))
+                if client_side:
+                    self._request_headers(sid, headers, bool(flags & F_END_STREAM))
+                else:
+                    self._response_headers(sid, headers, bool(flags & F_END_STREAM))
+                out.append(raw)
+                return
+            d.block, d.block_fragments = [], []
+            d.block_stream, d.block_end_stream = sid, bool(flags & F_END_STREAM)
+        d.block.append(raw)
+        d.block_fragments.append(_fragment(ftype, flags, raw[9:]))
+        if not flags & F_END_HEADERS:
+            return
+        frames, block = d.block, b"".join(d.block_fragments)
+        d.block, d.block_fragments = [], []
+        headers = decode_block(d.decoder, block)
+        if client_side:
+            self._request_headers(d.block_stream, headers, d.block_end_stream)
+        else:
+            self._response_headers(d.block_stream, headers, d.block_end_stream)
+        out.extend(frames)
+
+    def _request_headers(self, sid: int, headers: list[tuple[bytes, bytes]], end_stream: bool) -> None:
+        st = self.streams.get(sid)
+        if st is not None:
+            # Request trailers (gRPC clients send none): a held request can no longer wait for a rewrite,
+            # since the trailers' header block must not overtake it.
+            if st.mode is Mode.REWRITE and not st.req_done:
+                st.req_done = True
+                self._release_held(st)
+            return
+        method = ""
+        for k, v in headers:
+            if k == b":path":
+                method = v.decode("ascii", "replace")
+                break
+        ex = Exchange(method, sid, time.perf_counter())
+        self.streams[sid] = _Stream(ex, self.hooks.mode(method))
+        self.up_streams[sid] = self.up_initial
+
+    # -- runtime -> client --------------------------------------------------------------------------
+    def from_upstream(self, data: bytes) -> None:
+        d = self.s2c
+        d.buf += data
+        out: list[bytes] = []
+        self._s2c_out = out
+        buf = d.buf
+        pos = 0
+        n = len(buf)
+        while n - pos >= 9:
+            length = int.from_bytes(buf[pos:pos + 3], "big")
+            end = pos + 9 + length
+            if end > n:
+                break
+            ftype, flags = buf[pos + 3], buf[pos + 4]
+            sid = int.from_bytes(buf[pos + 5:pos + 9], "big") & 0x7FFFFFFF
+            if ftype == DATA:
+                st = self.streams.get(sid)
+                if st is not None and (st.mode is not Mode.PASS or self.hooks.dumping):
+                    st.resp += _data_body(flags, bytes(buf[pos + 9:end]))
+                out.append(bytes(buf[pos:end]))
+            elif ftype in (HEADERS, CONTINUATION):
+                self._header_frame(d, ftype, flags, sid, bytes(buf[pos:end]), out, client_side=False)
+            elif ftype == WINDOW_UPDATE:
+                inc = int.from_bytes(buf[pos + 9:pos + 13], "big") & 0x7FFFFFFF
+                if sid == 0:
+                    self.up_conn += inc
+                    take = min(inc, self.debt)
+                    if take:
+                        self.debt -= take
+                        if inc - take:
+                            out.append(frame(WINDOW_UPDATE, 0, 0, (inc - take).to_bytes(4, "big")))
+                    else:
+                        out.append(bytes(buf[pos:end]))
+                else:
+                    if sid in self.up_streams:
+                        self.up_streams[sid] += inc
+                    out.append(bytes(buf[pos:end]))
+                if self.blocked:
+                    self._flush_blocked()
+            elif ftype == RST_STREAM:
+                out.append(bytes(buf[pos:end]))
+                st = self.streams.get(sid)
+                if st is not None:
+                    err = int.from_bytes(buf[pos + 9:pos + 13], "big")
+                    self._finish(st, _RST_TO_GRPC.get(err, 13), f"stream reset by the runtime (HTTP/2 error {err})")
+            else:
+                if ftype == SETTINGS and not flags & F_ACK:
+                    payload = bytes(buf[pos + 9:end])
+                    size = _setting(payload, SETTINGS_HEADER_TABLE_SIZE)
+                    if size is not None:
+                        self.c2s.decoder.max_allowed_table_size = size
+                    window = _setting(payload, SETTINGS_INITIAL_WINDOW_SIZE)
+                    if window is not None:
+                        # A new initial window changes every open stream's window by the difference (§6.9.2).
+                        delta, self.up_initial = window - self.up_initial, window
+                        for k in self.up_streams:
+                            self.up_streams[k] += delta
+                        if self.blocked:
+                            self._flush_blocked()
+                out.append(bytes(buf[pos:end]))
+            pos = end
+        del buf[:pos]
+        self._s2c_out = None
+        if out:
+            self._to_client(b"".join(out))
+
+    def _response_headers(self, sid: int, headers: list[tuple[bytes, bytes]], end_stream: bool) -> None:
+        st = self.streams.get(sid)
+        if st is None:
+            return
+        st.seen_response_headers = True
+        if not end_stream:
+            return
+        code, message = 2, ""
+        for k, v in headers:
+            if k == b"grpc-status":
+                try:
+                    code = int(v)
+                except ValueError:
+                    code = 2
+            elif k == b"grpc-message":
+                message = urllib.parse.unquote(v.decode("utf-8", "replace"))
+        if st.mode is Mode.REWRITE and not st.req_done:
+            st.held = []  # the runtime answered before the request was complete: nothing is left to rewrite
+        self._finish(st, code, message)
+
+    # -- hooks --------------------------------------------------------------------------------------
+    def _submit_rewrite(self, st: _Stream) -> None:
+        body = b"".join(st.held)
+        msg = grpc_message(body)
+        if msg is None or len(body) != 5 + len(msg):
+            # Compressed, or not exactly one message: not ours to rewrite.
+            self._release_held(st)
+            return
+        st.ex.request = msg
+        loop = self.proxy.loop
+
+        def work() -> None:
+            try:
+                result = self.hooks.rewrite(st.ex)
+            except Exception as e:  # a failing hook must not lose the request
+                log.exception("rewrite hook for %s failed; forwarding unchanged", st.ex.method)
+                result = e
+            loop.call_soon_threadsafe(self._rewritten, st, result)
+
+        self.proxy.executor.submit(work)
+
+    def _rewritten(self, st: _Stream, result) -> None:
+        if st.closed or self.closed:
+            return
+        if isinstance(result, Reject):
+            st.held = []
+            self._to_upstream(frame(RST_STREAM, 0, st.ex.stream_id, H2_CANCEL.to_bytes(4, "big")))
+            self._to_client(trailers_only(st.ex.stream_id, result.code, result.message))
+            self._finish(st, result.code, result.message)
+            return
+        if isinstance(result, bytes):
+            st.ex.rewritten = True
+            st.ex.request = result
+            st.held = []
+            self._send_body(st.ex.stream_id, b"\x00" + len(result).to_bytes(4, "big") + result, True)
+            return
+        self._release_held(st)
+
+    def _release_held(self, st: _Stream) -> None:
+        """Forward held DATA unchanged (as the client framed it, minus padding)."""
+        body = b"".join(st.held)
+        st.held = []
+        st.req += body
+        self._send_body(st.ex.stream_id, body, st.req_done)
+
+    def _send_body(self, sid: int, body: bytes, end_stream: bool) -> None:
+        """DATA frames of the proxy's own making; the runtime will grant their size back to the client,
+        which the proxy already credited when it held the request: that grant is owed back (debt)."""
+        for i in range(0, max(len(body), 1), MAX_FRAME_PAYLOAD):
+            chunk = body[i:i + MAX_FRAME_PAYLOAD]
+            last = i + MAX_FRAME_PAYLOAD >= len(body)
+            self._send_data(sid, frame(DATA, F_END_STREAM if last and end_stream else 0, sid, chunk), len(chunk))
+        self.debt += len(body)
+
+    def _send_data(self, sid: int, raw: bytes, n: int) -> None:
+        """Send one DATA frame upstream if the runtime's windows allow it, else queue it (order per stream kept)."""
+        w = self.up_streams.get(sid, self.up_initial)
+        if n and (n > self.up_conn or n > w or (self.blocked and any(b[0] == sid for b in self.blocked))):
+            self.blocked.append((sid, raw, n))
+            return
+        self.up_conn -= n
+        if sid in self.up_streams:
+            self.up_streams[sid] = w - n
+        self._to_upstream(raw)
+
+    def _flush_blocked(self) -> None:
+        keep: deque[tuple[int, bytes, int]] = deque()
+        stuck: set[int] = set()
+        out = []
+        for sid, raw, n in self.blocked:
+            w = self.up_streams.get(sid, self.up_initial)
+            if sid in stuck or n > self.up_conn or n > w:
+                stuck.add(sid)
+                keep.append((sid, raw, n))
+                continue
+            self.up_conn -= n
+            if sid in self.up_streams:
+                self.up_streams[sid] = w - n
+            out.append(raw)
+        self.blocked = keep
+        if out:
+            self._to_upstream(b"".join(out))
+
+    def _drop_blocked(self, sid: int) -> None:
+        """A reset stream's queued DATA is never sent: the client's window gets those bytes back."""
+        if not self.blocked:
+            return
+        dropped = sum(n for s, _r, n in self.blocked if s == sid)
+        self.blocked = deque(b for b in self.blocked if b[0] != sid)
+        if dropped:
+            self._to_client(frame(WINDOW_UPDATE, 0, 0, dropped.to_bytes(4, "big")))
+
+    def _finish(self, st: _Stream, code: int, message: str) -> None:
+        if st.closed:
+            return
+        st.closed = True
+        ex = st.ex
+        ex.code, ex.message = code, message
+        self.streams.pop(ex.stream_id, None)
+        self.up_streams.pop(ex.stream_id, None)
+        if st.mode is not Mode.PASS or self.hooks.dumping:
+            if not ex.rewritten:
+                ex.request = grpc_message(bytes(st.req)) or b""
+            ex.response = grpc_message(bytes(st.resp)) or b""
+            if self.hooks.dumping:
+                self.hooks.dump("request", ex, ex.request)
+                self.hooks.dump("response", ex, ex.response)
+            if st.mode is not Mode.PASS:
+                try:
+                    self.hooks.complete(ex)
+                except Exception:
+                    log.exception("completion hook for %s failed", ex.method)
+        self.hooks.finished(ex.method, code, time.perf_counter() - ex.started)
+
+    # -- transports ---------------------------------------------------------------------------------
+    def _to_upstream(self, data: bytes) -> None:
+        if self._c2s_out is not None:
+            self._c2s_out.append(data)
+        elif not self.closed and self.upstream is not None:
+            self.upstream.write(data)
+
+    def _to_client(self, data: bytes) -> None:
+        if not data:
+            return
+        if self._s2c_out is not None:
+            self._s2c_out.append(data)
+        elif not self.closed:
+            self.client.write(data)
+
+    def close(self, reason: str) -> None:
+        if self.closed:
+            return
+        for st in list(self.streams.values()):
+            self._finish(st, 14, reason)
+        self.closed = True
+        self.client.close()
+        if self.upstream is not None:
+            self.upstream.close()
+
+
+class _ClientProtocol(asyncio.Protocol):
+    def __init__(self, proxy: "Proxy"):
+        self.proxy = proxy
+        self.pair: Pair | None = None
+        self.fallback: "_ErrorResponder | None" = None
+        self.early: list[bytes] = []  # client bytes received before the runtime connection settled
+
+    def connection_made(self, transport: asyncio.Transport) -> None:
+        self.transport = transport
+        self.pair = Pair(self.proxy, transport)
+        self.proxy.loop.create_task(self._connect())
+
+    async def _connect(self) -> None:
+        pair = self.pair
+        problem = self.proxy.refusal()
+        if problem is None:
+            try:
+                await self.proxy.loop.create_unix_connection(lambda: _UpstreamProtocol(pair, self),
+                                                             self.proxy.upstream_path)
+                return
+            except OSError as e:
+                problem = (14, f"cri-resmgr relay: runtime {self.proxy.upstream_path} unreachable: "
+                               f"{e.strerror or e}")
+                self.proxy.upstream_down(problem[1])
+        # Answer every call on this connection with the error until the runtime is back, then GOAWAY.
+        pair.closed = True
+        self.pair = None
+        if self.transport.is_closing():
+            return
+        self.fallback = _ErrorResponder(self.proxy, self.transport, *problem)
+        early, self.early = b"".join(self.early), []
+        if early:
+            self.fallback.feed(early)
+
+    def upstream_ready(self) -> None:
+        early, self.early = b"".join(self.early), []
+        if early and self.pair is not None:
+            self.pair.from_client(early)
+
+    def data_received(self, data: bytes) -> None:
+        if self.fallback is not None:
+            self.fallback.feed(data)
+        elif self.pair is not None:
+            if self.pair.upstream is None:
+                self.early.append(data)
+            else:
+                self.pair.from_client(data)
+
+    def connection_lost(self, exc) -> None:
+        if self.fallback is not None:
+            self.fallback.lost()
+        if self.pair is not None:
+            self.pair.close("client went away")
+
+    def pause_writing(self) -> None:
+        if self.pair and self.pair.upstream:
+            self.pair.upstream.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.pair and self.pair.upstream:
+            self.pair.upstream.resume_reading()
+
+
+class _UpstreamProtocol(asyncio.Protocol):
+    def __init__(self, pair: Pair, client: _ClientProtocol):
+        self.pair = pair
+        self.client = client
+
+    def connection_made(self, transport: asyncio.Transport) -> None:
+        self.pair.upstream = transport
+        self.pair.proxy.upstream_up()
+        if self.pair.closed:
+            transport.close()
+            return
+        self.client.upstream_ready()
+
+    def data_received(self, data: bytes) -> None:
+        self.pair.from_upstream(data)
+
+    def connection_lost(self, exc) -> None:
+        # The runtime went away (restart): end the client connection too; gRPC clients reconnect.
+        self.pair.close("runtime connection lost")
+
+    def pause_writing(self) -> None:
+        self.pair.client.pause_reading()
+
+    def resume_writing(self) -> None:
+        self.pair.client.resume_reading()
+
+
+class _ErrorResponder:
+    """A minimal HTTP/2 server side for one connection while the runtime cannot be reached: settings are
+    acknowledged, pings answered, and every call gets ``code`` at once. When the runtime is reachable
+    again the connection is sent GOAWAY so that the client reconnects through the proxy."""
+
+    def __init__(self, proxy: "Proxy", transport: asyncio.Transport, code: int, message: str):
+        self.proxy = proxy
+        self.transport = transport
+        self.code, self.message = code, message
+        self.d = _Direction(expect_preface=True)
+        self.last_stream = 0
+        self.alive = True
+        transport.write(frame(SETTINGS, 0, 0))
+        self.task = proxy.loop.create_task(self._watch())
+
+    def feed(self, data: bytes) -> None:
+        d = self.d
+        d.buf += data
+        buf = d.buf
+        pos = 0
+        if d.preface_left:
+            take = min(d.preface_left, len(buf))
+            d.preface_left -= take
+            pos = take
+        out = []
+        n = len(buf)
+        while n - pos >= 9:
+            length = int.from_bytes(buf[pos:pos + 3], "big")
+            end = pos + 9 + length
+            if end > n:
+                break
+            ftype, flags = buf[pos + 3], buf[pos + 4]
+            sid = int.from_bytes(buf[pos + 5:pos + 9], "big") & 0x7FFFFFFF
+            payload = bytes(buf[pos + 9:end])
+            if ftype == SETTINGS and not flags & F_ACK:
+                out.append(frame(SETTINGS, F_ACK, 0))
+            elif ftype == PING and not flags & F_ACK:
+                out.append(frame(PING, F_ACK, 0, payload))
+            elif ftype == DATA and length:
+                out.append(frame(WINDOW_UPDATE, 0, 0, length.to_bytes(4, "big")))
+            elif ftype in (HEADERS, CONTINUATION):
+                if ftype == HEADERS:
+                    d.block_fragments, d.block_stream = [], sid
+                d.block_fragments.append(_fragment(ftype, flags, payload))
+                if flags & F_END_HEADERS:
+                    headers = decode_block(d.decoder, b"".join(d.block_fragments))
+                    d.block_fragments = []
+                    if d.block_stream > self.last_stream:
+                        self.last_stream = d.block_stream
+                        method = next((v.decode("ascii", "replace") for k, v in headers if k == b":path"), "")
+                        t0 = time.perf_counter()
+                        out.append(trailers_only(d.block_stream, self.code, self.message))
+                        self.proxy.hooks.finished(method, self.code, time.perf_counter() - t0)
+            pos = end
+        del buf[:pos]
+        if out and self.alive:
+            self.transport.write(b"".join(out))
+
+    async def _watch(self) -> None:
+        delay = self.proxy.backoff_initial
+        while self.alive:
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, self.proxy.backoff_max)
+            if self.proxy.refusal() is not None:
+                continue
+            if await self.proxy.probe_upstream():
+                if self.alive:
+                    self.transport.write(frame(GOAWAY, 0, 0, self.last_stream.to_bytes(4, "big") + b"\0\0\0\0"))
+                    self.proxy.loop.call_later(0.5, self.transport.close)
+                return
+
+    def lost(self) -> None:
+        self.alive = False
+        self.task.cancel()
+
+
+class Proxy:
+    """Listens on a unix socket; pairs each client connection with one to ``upstream_path``."""
+
+    def __init__(self, upstream_path: str, hooks: Hooks, executor: Executor,
+                 refusal: Callable[[], tuple[int, str] | None] = lambda: None,
+                 on_upstream: Callable[[bool, str], None] = lambda up, why: None,
+                 backoff_initial: float = 0.1, backoff_max: float = 2.0):
+        self.upstream_path = upstream_path
+        self.hooks = hooks
+        self.executor = executor
+        self.refusal = refusal  # () -> (code, message) while calls must be refused (e.g. untested runtime)
+        self.on_upstream = on_upstream
+        self.backoff_initial, self.backoff_max = backoff_initial, backoff_max
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.server: asyncio.base_events.Server | None = None
+        self._up: bool | None = None
+
+    async def start(self, path: str) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.server = await self.loop.create_unix_server(lambda: _ClientProtocol(self), path)
+
+    def upstream_up(self) -> None:
+        if self._up is not True:
+            self._up = True
+            self.on_upstream(True, "")
+
+    def upstream_down(self, why: str) -> None:
+        if self._up is not False:
+            self._up = False
+            self.on_upstream(False, why)
+
+    async def probe_upstream(self) -> bool:
+        try:
+            _r, w = await asyncio.open_unix_connection(self.upstream_path)
+        except OSError:
+            return False
+        w.close()
+        self.upstream_up()
+        return True
+
+    async def close(self) -> None:
+        if self.server is not None:
+            self.server.close()

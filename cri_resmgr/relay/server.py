@@ -1,0 +1,257 @@
+"""``cri-resmgr relay``: the relay as a process of its own.
+
+Kept apart from the agent on purpose: the relay is on kubelet's critical path, and in one process the
+collectors' and the HTTP server's Python work would compete with forwarding for the interpreter. The
+relay imports neither the store nor the collectors; the agent (and its rebalancer) reach it over the
+control socket.
+
+Start-up order: single-instance lock (``run_dir/cri-resmgr-relay.lock``), topology, the runtime's
+``Version`` (must name containerd or CRI-O unless ``relay.allow_untested_runtimes``), the cache from
+``state_dir`` reconciled with the runtime, then the sockets. A relay socket left by a dead relay is
+removed only when nothing accepts connections on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import fcntl
+import gc
+import logging
+import os
+import signal
+import socket
+import stat
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import grpc
+
+from ..config import Config, parse_listen
+from ..topology import discover
+from . import control
+from .core import Relay
+from .dump import Dumper
+from .h2proxy import Hooks, Proxy
+from .runtime import RuntimeClient, cri_methods, untested_runtime
+from .stats import RelayStats
+
+log = logging.getLogger("cri_resmgr.relay")
+
+LOCK_NAME = "cri-resmgr-relay.lock"
+CONTROL_NAME = "relay-control.sock"
+
+
+class StartupError(Exception):
+    """The relay cannot start; the message says why. ``code`` is the exit status."""
+
+    def __init__(self, message: str, code: int = 1):
+        super().__init__(message)
+        self.code = code
+
+
+def acquire_lock(path: Path) -> int:
+    """flock(2) on ``path``: the kernel drops it when the holder dies, so a crash never blocks a restart."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+            raise StartupError(f"a relay is already running (pid {holder}); lock {path}") from None
+        raise
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
+def claim_socket(path: Path) -> None:
+    """Make ``path`` free for a new listener: remove it only if it is a socket nobody listens on."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not (path.exists() or path.is_symlink()):
+        return
+    if not path.is_socket():
+        raise StartupError(f"{path} exists and is not a socket; not touching it")
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(1.0)
+    try:
+        s.connect(str(path))
+    except (ConnectionRefusedError, FileNotFoundError):
+        log.info("removing stale socket %s (nothing listens on it)", path)
+        path.unlink(missing_ok=True)
+        return
+    except OSError as e:
+        raise StartupError(f"cannot tell whether {path} is in use: {e}") from None
+    finally:
+        s.close()
+    raise StartupError(f"something is listening on {path} already (another relay?)")
+
+
+def follow_runtime_socket(path: Path, runtime: Path) -> None:
+    """Owner and mode of the relay socket follow the runtime's: whoever may talk to the runtime may talk
+    to the relay, and nobody else. Without a runtime socket: root, 0660."""
+    try:
+        st = os.stat(runtime)
+        mode, uid, gid = stat.S_IMODE(st.st_mode) & 0o770 or 0o660, st.st_uid, st.st_gid
+    except OSError:
+        mode, uid, gid = 0o660, None, None
+    os.chmod(path, mode)
+    if uid is not None and os.geteuid() == 0:
+        os.chown(path, uid, gid)
+
+
+class _MetricsHandler(BaseHTTPRequestHandler):
+    text_fn = staticmethod(lambda: "")
+
+    def do_GET(self):  # noqa: N802 (http.server's naming)
+        if self.path.split("?")[0] != "/metrics":
+            self.send_error(404)
+            return
+        body = self.text_fn().encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+class RelayProcess:
+    def __init__(self, cfg: Config):
+        self.cfg = cfg
+        self.rc = cfg.relay
+        self.run_dir = Path(cfg.run_dir)
+        self.state_dir = Path(cfg.state_dir)
+        self.control_path = Path(self.rc.control_socket or self.run_dir / CONTROL_NAME)
+        self.lock_fd: int | None = None
+        self.stats = RelayStats(cri_methods())
+        self.executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="relay-worker")
+        self.relay: Relay | None = None
+        self.dumper: Dumper | None = None
+        self.sockets: list[Path] = []
+        self.control_server: grpc.Server | None = None
+        self.http: ThreadingHTTPServer | None = None
+
+    def metrics_text(self) -> str:
+        if self.relay is not None:
+            self.stats.gauges = self.relay.gauges()
+        return self.stats.render()
+
+    def prepare(self) -> None:
+        # hpack logs every header it decodes at DEBUG: never wanted, and costly on the forwarding path.
+        logging.getLogger("hpack").setLevel(logging.WARNING)
+        for d, mode in ((self.run_dir, 0o750), (self.state_dir, 0o700)):
+            try:
+                d.mkdir(parents=True, exist_ok=True, mode=mode)
+            except OSError as e:
+                raise StartupError(f"cannot create {d}: {e.strerror}") from None
+        self.lock_fd = acquire_lock(self.run_dir / LOCK_NAME)
+        topo = discover(self.cfg.paths.sysfs)
+        if not topo.cpus:
+            raise StartupError(f"no CPUs found under {self.cfg.paths.sysfs}/devices/system/cpu")
+        runtime = RuntimeClient(self.rc.runtime_socket, self.rc.runtime_timeout_seconds)
+        try:
+            v = runtime.version(timeout=min(5.0, self.rc.runtime_timeout_seconds))
+            problem = untested_runtime(v)
+            if problem and not self.rc.allow_untested_runtimes:
+                raise StartupError(f"refusing to start: {problem}", code=2)
+            log.info("runtime %s %s (CRI %s) at %s", v.runtime_name, v.runtime_version, v.runtime_api_version,
+                     self.rc.runtime_socket)
+        except grpc.RpcError as e:
+            log.warning("runtime %s not reachable yet (%s); calls get UNAVAILABLE until it is",
+                        self.rc.runtime_socket, e.code().name)
+        if self.rc.dump_file:
+            self.dumper = Dumper(self.rc.dump_file)
+        try:
+            self.relay = Relay(self.rc, topo, self.state_dir, runtime, self.executor, self.stats, self.dumper)
+        except ValueError as e:
+            raise StartupError(f"relay: {e}", code=2) from None
+        summary = self.relay.resync()
+        if summary is not None:
+            log.info("resync: %s; %d pods, %d containers cached", summary, len(self.relay.cache.pods),
+                     len(self.relay.cache.containers))
+            self.relay.runtime_up = True
+        claim_socket(Path(self.rc.socket))
+        if self.rc.image_socket and self.rc.image_relay_socket:
+            claim_socket(Path(self.rc.image_relay_socket))
+        claim_socket(self.control_path)
+
+    async def serve(self, ready: threading.Event | None = None) -> None:
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        relay = self.relay
+        proxy = Proxy(str(self.rc.runtime_socket), relay, self.executor, refusal=relay.refusal,
+                      on_upstream=relay.on_upstream)
+        await proxy.start(str(self.rc.socket))
+        follow_runtime_socket(Path(self.rc.socket), Path(self.rc.runtime_socket))
+        self.sockets.append(Path(self.rc.socket))
+        proxies = [proxy]
+        if self.rc.image_socket and self.rc.image_relay_socket:
+            img = Proxy(str(self.rc.image_socket), _PassThrough(relay), self.executor)
+            await img.start(str(self.rc.image_relay_socket))
+            follow_runtime_socket(Path(self.rc.image_relay_socket), Path(self.rc.image_socket))
+            self.sockets.append(Path(self.rc.image_relay_socket))
+            proxies.append(img)
+        self.control_server = control.serve(relay, self.control_path, self.metrics_text)
+        self.sockets.append(self.control_path)
+        if self.rc.metrics_listen:
+            host, port = parse_listen(self.rc.metrics_listen)
+            handler = type("H", (_MetricsHandler,), {"text_fn": staticmethod(self.metrics_text)})
+            self.http = ThreadingHTTPServer((host, port), handler)
+            threading.Thread(target=self.http.serve_forever, name="relay-metrics", daemon=True).start()
+        relay.start_threads()
+        gc.freeze()  # objects from start-up never need collecting: keeps GC pauses off the forwarding path
+        log.info("relay listening on %s -> %s (control %s)", self.rc.socket, self.rc.runtime_socket,
+                 self.control_path)
+        if ready is not None:
+            ready.set()
+        await stop.wait()
+        log.info("relay stopping")
+        for p in proxies:
+            await p.close()
+
+    def shutdown(self) -> None:
+        if self.control_server is not None:
+            self.control_server.stop(grace=1)
+        if self.http is not None:
+            self.http.shutdown()
+        if self.relay is not None:
+            self.relay.stop()
+        for p in self.sockets:
+            p.unlink(missing_ok=True)
+        if self.dumper is not None:
+            self.dumper.close()
+        self.executor.shutdown(wait=False, cancel_futures=True)
+        if self.lock_fd is not None:
+            os.close(self.lock_fd)
+
+
+class _PassThrough(Hooks):
+    """Hooks for the image-service socket: forward everything, count it in the relay's metrics."""
+
+    def __init__(self, relay: Relay):
+        self.relay = relay
+
+    def finished(self, method: str, code: int, seconds: float) -> None:
+        self.relay.finished(method, code, seconds)
+
+
+def run(cfg: Config) -> int:
+    proc = RelayProcess(cfg)
+    try:
+        proc.prepare()
+        asyncio.run(proc.serve())
+        return 0
+    except StartupError as e:
+        print(f"cri-resmgr relay: {e}", file=sys.stderr, flush=True)
+        return e.code
+    finally:
+        proc.shutdown()

@@ -1,0 +1,50 @@
+"""A private containerd for the whole session (see tests/integration/containerd.py), and per-test kubelets
+whose pods are always removed, so that tests on this 2-CPU machine never see each other's allocations."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from ..containerd import Containerd, missing_prerequisites
+from ..cri import CriClient, Kubelet
+
+
+@pytest.fixture(scope="session")
+def containerd():
+    reason = missing_prerequisites()
+    if reason:
+        pytest.skip(reason)
+    base = Path(tempfile.mkdtemp(prefix="crirm-containerd-"))
+    c = Containerd(base)
+    try:
+        c.start()
+        c.import_images()
+    except Exception:
+        print(c.log_tail())
+        c.cleanup()
+        raise
+    yield c
+    problems = c.cleanup()
+    assert not problems, problems
+
+
+@pytest.fixture
+def kubelets(containerd, tmp_path):
+    """``make(socket)`` gives a Kubelet talking to ``socket``; everything they created is removed after the test."""
+    made: list[Kubelet] = []
+
+    def make(socket: Path) -> Kubelet:
+        k = Kubelet(CriClient(socket), containerd.cgroup_parent, tmp_path / "pod-logs")
+        made.append(k)
+        return k
+
+    yield make
+    direct = Kubelet(CriClient(containerd.socket), containerd.cgroup_parent, tmp_path / "pod-logs")
+    for k in made:
+        direct.pods.extend(k.pods)
+        k.c.close()
+    direct.cleanup()
+    direct.c.close()

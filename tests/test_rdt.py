@@ -1,0 +1,331 @@
+"""RDT collector on the FUSE resctrl emulator (tests/resctrlfs.py) with fixture cgroup trees."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import pytest
+
+from cri_resmgr import metrics as M
+from cri_resmgr.agent import Agent
+from cri_resmgr.collectors.base import CollectorUnavailable
+from cri_resmgr.collectors.cgroup import CgroupCollector
+from cri_resmgr.collectors.rdt import (GROUP_PREFIX, Counter, RdtCollector, counter_delta, parse_mon_features,
+                                       parse_mon_value)
+from cri_resmgr.config import RdtCollectorConfig, build_config
+
+from .cgroupfs import Values, make_v2
+from .resctrlfs import ResctrlEmulator, fuse_unavailable
+
+
+# -- pure parsing and arithmetic -------------------------------------------------------------------
+def test_mon_values_parse_counts_and_the_kernels_non_values():
+    assert parse_mon_value("123456\n").value == 123456
+    for word in ("Unavailable", "Error", "Unassigned"):
+        v = parse_mon_value(word + "\n")
+        assert (v.value, v.status) == (None, word)
+    assert parse_mon_value("").status == "malformed" and parse_mon_value(None).status == "missing"
+    assert parse_mon_value("-5").status == "malformed"
+
+
+def test_mon_features_skip_bmec_config_entries():
+    text = "llc_occupancy\nmbm_total_bytes\nmbm_total_bytes_config\nmbm_local_bytes\nmbm_local_bytes_config\n"
+    assert parse_mon_features(text) == {"llc_occupancy", "mbm_total_bytes", "mbm_local_bytes"}
+    assert parse_mon_features("") == frozenset()
+
+
+def test_counter_wrap_yields_positive_delta():
+    assert counter_delta(100, 250, 24) == 150
+    assert counter_delta((1 << 24) - 10, 5, 24) == 15  # wrapped once
+    assert counter_delta(1000, 10, 64) == 10  # 64 bits: a smaller value is a reset, not a wrap
+    c = Counter()
+    assert c.advance((1 << 32) - 100, 32) == (1 << 32) - 100
+    assert c.advance(50, 32) == (1 << 32) + 50  # the running total keeps growing past the width
+
+
+# -- fixtures --------------------------------------------------------------------------------------
+@pytest.fixture
+def emulator(tmp_path):
+    reason = fuse_unavailable()
+    if reason:
+        pytest.skip(reason)
+    mounted = []
+
+    def make(**kw) -> ResctrlEmulator:
+        emu = ResctrlEmulator(**kw).mount(tmp_path / f"resctrl{len(mounted)}")
+        mounted.append(emu)
+        return emu
+
+    yield make
+    for emu in mounted:
+        emu.unmount()
+
+
+class Node:
+    """A cgroup v2 fixture tree with Kubernetes container cgroups and their thread ids."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.next_tid = 1000
+        self.rel: dict[str, str] = {}
+
+    def add(self, n_threads: int = 2) -> tuple[str, list[int]]:
+        cid = uuid.uuid4().hex + uuid.uuid4().hex
+        rel = f"kubepods/burstable/pod{uuid.uuid4()}/{cid}"
+        make_v2(self.root, rel, Values())
+        tids = list(range(self.next_tid, self.next_tid + n_threads))
+        self.next_tid += n_threads
+        self.rel[cid] = rel
+        self.set_threads(cid, tids)
+        return cid, tids
+
+    def set_threads(self, cid: str, tids: list[int]) -> None:
+        (self.root / self.rel[cid] / "cgroup.threads").write_text("".join(f"{t}\n" for t in tids))
+        (self.root / self.rel[cid] / "cgroup.procs").write_text(f"{tids[0]}\n" if tids else "")
+
+    def remove(self, cid: str) -> None:
+        import shutil
+
+        shutil.rmtree(self.root / self.rel.pop(cid))
+
+
+@pytest.fixture
+def node(tmp_path):
+    return Node(tmp_path / "cgroup")
+
+
+def _collector(emu: ResctrlEmulator, node: Node, **cfg) -> RdtCollector:
+    return RdtCollector(emu.mountpoint, node.root, RdtCollectorConfig(**cfg), CgroupCollector(node.root))
+
+
+def _series(samples, metric: str, **labels) -> dict[tuple, float]:
+    return {tuple(sorted(s.labels.items())): s.value for s in samples
+            if s.metric == metric and all(s.labels.get(k) == v for k, v in labels.items())}
+
+
+def _one(samples, metric: str, **labels) -> float | None:
+    vals = list(_series(samples, metric, **labels).values())
+    assert len(vals) <= 1, vals
+    return vals[0] if vals else None
+
+
+# -- behaviour on the emulator ---------------------------------------------------------------------
+def test_bandwidth_rates_from_advancing_counters_are_within_1pct_of_truth(emulator, node):
+    emu = emulator(domains=(0, 1))
+    truth, threads = {}, {}
+    for i, rate in enumerate((2.5e9, 0.8e9, 0.15e9)):
+        cid, tids = node.add(n_threads=2)
+        truth[cid], threads[cid] = rate, tids
+        for j, tid in enumerate(tids):  # two threads, split 3:1, across two L3 domains
+            share = 0.75 if j == 0 else 0.25
+            emu.set_task(tid, mbm_total={0: rate * share, 1: rate * share / 2}, mbm_local={0: rate * share * 0.9},
+                         occupancy={0: (i + 1) * 2**20 * (j + 1)})
+    emu.set_task(1, mbm_total={0: 1e9})  # a task outside any container, counted in the root group only
+    col = _collector(emu, node)
+    s0 = col.collect(1000.0)
+    assert len(col.groups) == 3 and not col.unmonitored
+    for cid, tids in threads.items():  # every thread of the container is in its MON group
+        assert emu._tasks_of(emu.root.mon_groups[GROUP_PREFIX + cid]) == tids
+    emu.advance(2.0)
+    s1 = col.collect(1002.0)
+    for cid, rate in truth.items():
+        for dom, expect in ((0, rate), (1, rate / 2)):
+            d = (_one(s1, M.CONTAINER_MEMORY_BANDWIDTH.name, container_id=cid, scope="total", cache_id=str(dom))
+                 - _one(s0, M.CONTAINER_MEMORY_BANDWIDTH.name, container_id=cid, scope="total", cache_id=str(dom)))
+            assert d / 2.0 == pytest.approx(expect, rel=0.01), (cid, dom)
+        local = (_one(s1, M.CONTAINER_MEMORY_BANDWIDTH.name, container_id=cid, scope="local", cache_id="0")
+                 - _one(s0, M.CONTAINER_MEMORY_BANDWIDTH.name, container_id=cid, scope="local", cache_id="0"))
+        assert local / 2.0 == pytest.approx(rate * 0.9, rel=0.01)
+        assert _one(s1, M.CONTAINER_RDT_MONITORED.name, container_id=cid) == 1.0
+    occ = _series(s1, M.CONTAINER_LLC_OCCUPANCY.name, cache_id="0")
+    assert sorted(occ.values()) == [3 * 2**20, 6 * 2**20, 9 * 2**20]
+    # node total per L3 domain: every task, inside containers or not
+    node_d0 = (_one(s1, M.NODE_MEMORY_BANDWIDTH.name, scope="total", cache_id="0")
+               - _one(s0, M.NODE_MEMORY_BANDWIDTH.name, scope="total", cache_id="0"))
+    assert node_d0 / 2.0 == pytest.approx(sum(truth.values()) + 1e9, rel=0.01)
+    assert _one(s1, M.NODE_LLC_OCCUPANCY.name, cache_id="0") == 18 * 2**20
+    assert _one(s1, M.RDT_MON_GROUPS.name) == 3.0 and _one(s1, M.RDT_RMIDS.name) == 16.0
+
+
+def test_counter_wrap_yields_positive_rate(emulator, node):
+    emu = emulator(domains=(0,), width_bits=24)
+    cid, (tid, _) = node.add()
+    emu.set_task(tid, mbm_total={0: 3e6})  # 3 MB/s: a 24-bit counter (16 MiB) wraps every ~5.6 s
+    col = _collector(emu, node, mbm_counter_width_bits=24)
+    col.collect(0.0)
+    emu.set_counter(f"mon_groups/{GROUP_PREFIX}{cid}", 0, "mbm_total_bytes", (1 << 24) - 1_000_000)
+    s0 = col.collect(1.0)
+    emu.advance(2.0)  # +6 MB: past 2**24
+    s1 = col.collect(3.0)
+    raw = int((emu.mountpoint / f"mon_groups/{GROUP_PREFIX}{cid}/mon_data/mon_L3_00/mbm_total_bytes").read_text())
+    assert raw < 1_000_000 * 6  # the file did wrap
+    d = (_one(s1, M.CONTAINER_MEMORY_BANDWIDTH.name, container_id=cid, scope="total")
+         - _one(s0, M.CONTAINER_MEMORY_BANDWIDTH.name, container_id=cid, scope="total"))
+    assert d == pytest.approx(6e6, rel=0.01)
+
+
+def test_unavailable_and_error_readings_are_not_counted_and_said(emulator, node):
+    emu = emulator(domains=(0, 1))
+    cid, (tid, _) = node.add()
+    emu.set_task(tid, mbm_total={0: 1e9, 1: 1e9}, occupancy={0: 1 << 20, 1: 1 << 20})
+    col = _collector(emu, node)
+    s0 = col.collect(0.0)
+    g = f"mon_groups/{GROUP_PREFIX}{cid}"
+    emu.set_status(g, 0, "mbm_total_bytes", "Unavailable")
+    emu.set_status(g, 1, "llc_occupancy", "Error")
+    emu.advance(1.0)
+    s1 = col.collect(1.0)
+    assert _one(s1, M.CONTAINER_MEMORY_BANDWIDTH.name, container_id=cid, scope="total", cache_id="0") is None
+    assert _one(s1, M.CONTAINER_LLC_OCCUPANCY.name, container_id=cid, cache_id="1") is None
+    assert _one(s1, M.CONTAINER_MEMORY_BANDWIDTH.name, container_id=cid, scope="total", cache_id="1") is not None
+    assert "1 Unavailable" in col.status() and "1 Error" in col.status()
+    emu.set_status(g, 0, "mbm_total_bytes", None)
+    emu.advance(1.0)
+    s2 = col.collect(2.0)
+    d = (_one(s2, M.CONTAINER_MEMORY_BANDWIDTH.name, container_id=cid, scope="total", cache_id="0")
+         - _one(s0, M.CONTAINER_MEMORY_BANDWIDTH.name, container_id=cid, scope="total", cache_id="0"))
+    assert d == pytest.approx(2e9, rel=0.01)  # the bytes of the unreadable interval are not lost
+
+
+def test_rmid_exhaustion_reports_unmonitored_containers_and_recovers(emulator, node):
+    emu = emulator(num_rmids=3)  # RMID 0 is the root group's: room for two MON groups
+    cids = [node.add()[0] for _ in range(4)]
+    col = _collector(emu, node)
+    s = col.collect(0.0)
+    assert len(col.groups) == 2 and len(col.unmonitored) == 2
+    for cid in col.unmonitored:
+        assert _one(s, M.CONTAINER_RDT_MONITORED.name, container_id=cid, reason="rmid_exhausted") == 0.0
+        assert "no free RMID: Out of RMIDs" in col.unmonitored[cid][1]
+    assert "unmonitored 2" in col.status() and "Out of RMIDs" in col.status()
+    mkdirs = sum(c.startswith("mkdir") for c in emu.commands)
+    col.collect(1.0)
+    assert sum(c.startswith("mkdir") for c in emu.commands) == mkdirs  # no mkdir storm while exhausted
+    gone = next(iter(col.groups))
+    node.remove(gone)
+    s = col.collect(2.0)  # the exited container's group is removed, its RMID given to a waiting one
+    assert gone not in col.groups and not (emu.mountpoint / "mon_groups" / (GROUP_PREFIX + gone)).exists()
+    assert len(col.groups) == 2 and len(col.unmonitored) == 1 and set(col.groups) | set(col.unmonitored) == set(cids) - {gone}
+
+
+def test_stale_groups_from_an_earlier_run_are_removed_and_live_ones_adopted(emulator, node):
+    emu = emulator()
+    live, _ = node.add()
+    mg = emu.mountpoint / "mon_groups"
+    (mg / (GROUP_PREFIX + "deadbeef" * 8)).mkdir()
+    (mg / (GROUP_PREFIX + live)).mkdir()
+    (mg / "someone-else").mkdir()
+    (emu.mountpoint / "gold").mkdir()
+    (emu.mountpoint / "gold/mon_groups" / (GROUP_PREFIX + "cafe" * 16)).mkdir()
+    before = list(emu.commands)
+    col = _collector(emu, node)
+    col.collect(0.0)
+    assert sorted(p.name for p in mg.iterdir()) == sorted([GROUP_PREFIX + live, "someone-else"])
+    assert list((emu.mountpoint / "gold/mon_groups").iterdir()) == []
+    assert [c for c in emu.commands[len(before):] if c.startswith("mkdir")] == []  # adopted, not recreated
+    assert list(col.groups) == [live]
+
+
+def test_failed_task_write_surfaces_last_cmd_status(emulator, node):
+    emu = emulator()
+    cid, (t1, t2) = node.add()
+    (emu.mountpoint / "gold").mkdir()
+    emu.move_task_to_ctrl(t1, "gold")  # e.g. a CAT class given by another tool: not in the root CTRL_MON group
+    col = _collector(emu, node)
+    s = col.collect(0.0)
+    (issue,) = col.issues
+    assert issue.last_cmd_status == "Can't move task to different control group"
+    assert issue.error == "Invalid argument" and str(t1) in issue.operation
+    assert "last_cmd_status: Can't move task to different control group" in col.status()
+    assert _one(s, M.RDT_WRITE_ERRORS.name) == 1.0
+
+
+def test_tasks_are_synced_every_cycle_and_groups_removed_with_their_container(emulator, node):
+    emu = emulator()
+    cid, tids = node.add(n_threads=1)
+    col = _collector(emu, node)
+    col.collect(0.0)
+    tasks = emu.mountpoint / "mon_groups" / (GROUP_PREFIX + cid) / "tasks"
+    assert tasks.read_text().split() == [str(t) for t in tids]
+    node.set_threads(cid, tids + [4242])  # a thread that existed before sync, or moved in later
+    col.collect(1.0)
+    assert sorted(tasks.read_text().split()) == sorted([str(t) for t in tids] + ["4242"])
+    writes = [c for c in emu.commands if c.startswith("write")]
+    col.collect(2.0)
+    assert [c for c in emu.commands if c.startswith("write")] == writes  # nothing to write when in sync
+    node.remove(cid)
+    col.collect(3.0)
+    assert not tasks.parent.exists() and emu.owner(4242) is emu.root  # tasks went back to the parent group
+    col.close()
+
+
+@pytest.mark.parametrize("features, has_bw, has_occ", [
+    (("mbm_total_bytes", "mbm_local_bytes"), True, False),  # MBM-only
+    (("llc_occupancy",), False, True),  # CMT-only
+])
+def test_mbm_only_and_cmt_only_trees(emulator, node, features, has_bw, has_occ):
+    emu = emulator(features=features)
+    cid, (tid, _) = node.add()
+    emu.set_task(tid, mbm_total={0: 1e9}, mbm_local={0: 1e9}, occupancy={0: 1 << 20})
+    col = _collector(emu, node)
+    assert col.probe().ok
+    col.collect(0.0)
+    emu.advance(1.0)
+    s = col.collect(1.0)
+    assert bool(_series(s, M.CONTAINER_MEMORY_BANDWIDTH.name, container_id=cid)) == has_bw
+    assert bool(_series(s, M.CONTAINER_LLC_OCCUPANCY.name, container_id=cid)) == has_occ
+    assert bool(_series(s, M.NODE_MEMORY_BANDWIDTH.name)) == has_bw
+    assert not col.issues
+
+
+def test_allocation_only_system_is_reported_not_fatal(emulator, node, tmp_path):
+    emu = emulator(monitoring=False, allocation=("MB",))
+    node.add()
+    col = _collector(emu, node)
+    p = col.probe()
+    assert not p.ok and "no L3 monitoring" in p.reason and "MB" in p.reason
+    with pytest.raises(CollectorUnavailable, match="allocation only"):
+        col.collect(0.0)
+    cfg = build_config({"paths": {"resctrl": str(emu.mountpoint), "cgroup": str(node.root)}}, env={})
+    agent = Agent(cfg)
+    agent._build_collectors()
+    agent.run_collector_once("rdt")
+    h = agent.health["rdt"]
+    assert (h.up, h.errors_total) == (False, 0) and "no L3 monitoring" in h.reason
+
+
+def test_resctrl_not_mounted_is_reported(tmp_path, node):
+    node.add()
+    col = RdtCollector(tmp_path / "no-resctrl", node.root)
+    assert "not mounted" in col.probe().reason
+    with pytest.raises(CollectorUnavailable, match="not mounted"):
+        col.collect(0.0)
+
+
+def test_containers_go_into_a_configured_control_group(emulator, node):
+    emu = emulator()
+    (emu.mountpoint / "gold").mkdir()
+    cid, (t1, t2) = node.add()
+    emu.move_task_to_ctrl(t1, "gold")
+    emu.move_task_to_ctrl(t2, "gold")
+    col = _collector(emu, node, control_group="gold")
+    col.collect(0.0)
+    assert (emu.mountpoint / "gold/mon_groups" / (GROUP_PREFIX + cid)).is_dir() and not col.issues
+    assert emu.owner(t1).name == GROUP_PREFIX + cid
+
+
+def test_tasks_moved_away_by_someone_else_come_back_after_verification(emulator, node):
+    emu = emulator()
+    cid, (tid,) = node.add(n_threads=1)
+    now = [0.0]
+    col = RdtCollector(emu.mountpoint, node.root, RdtCollectorConfig(), CgroupCollector(node.root), clock=lambda: now[0])
+    col.collect(0.0)
+    group = emu.root.mon_groups[GROUP_PREFIX + cid]
+    assert emu.owner(tid) is group
+    emu.move_task_to_ctrl(tid, "")  # another tool put it back into the root group
+    now[0] = 10.0
+    col.collect(10.0)
+    assert emu.owner(tid) is emu.root  # not re-read yet: reading tasks walks every thread of the machine
+    now[0] = 10.0 + 60.0
+    col.collect(70.0)
+    assert emu.owner(tid) is group
