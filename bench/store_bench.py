@@ -8,7 +8,6 @@ which is what a hand-rolled "dict of lists" store does. Prints medians; asserts 
 
 from __future__ import annotations
 
-import time
 
 import numpy as np
 

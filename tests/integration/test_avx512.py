@@ -6,17 +6,14 @@ The C loops (tests/integration/workloads/*.c) are compiled here with gcc; the BP
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
-import sysconfig
 import time
 from pathlib import Path
 
 import httpx
 import pytest
-import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from cri_resmgr.collectors.avx512 import Avx512Collector
@@ -25,8 +22,8 @@ from cri_resmgr.ebpf.avx512 import DEFAULT_OBJECT
 from cri_resmgr.ebpf.probe import probe_capabilities
 from cri_resmgr.topology import discover
 
-from .helpers import AgentProcess, RealCgroup, can_make_cgroups, free_port, wait_for
-from .test_nonroot import NOBODY, REPO, nobody_python, open_tmp  # noqa: F401  (fixtures)
+from .helpers import AgentProcess, RealCgroup, can_make_cgroups, wait_for
+from .test_nonroot import REPO, NobodyAgent, nobody_python, open_tmp  # noqa: F401  (fixtures)
 
 pytestmark = pytest.mark.integration
 
@@ -192,36 +189,14 @@ def test_pid_attribution_on_v1_cgroups_keeps_counters_monotonic(avx512_host, bin
 
 
 def test_agent_without_root_reports_avx512_down_with_reason(open_tmp, nobody_python):  # noqa: F811
-    home = open_tmp / "home"
-    home.mkdir()
-    os.chown(home, NOBODY, NOBODY)
-    port = free_port()
-    cfg = open_tmp / "c.yaml"
-    cfg.write_text(yaml.safe_dump({"listen": f"127.0.0.1:{port}", "collectors": {"avx512": {"interval_seconds": 0.5}}}))
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home),
-           "XDG_RUNTIME_DIR": str(home / "run"), "XDG_STATE_HOME": str(home / "state"),
-           "PYTHONPATH": os.pathsep.join([str(REPO), sysconfig.get_paths()["purelib"]])}
-    log = open_tmp / "agent.log"
-    with open(log, "wb") as out:
-        p = subprocess.Popen(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", nobody_python,
-                              "-m", "cri_resmgr.cli", "run", "--config", str(cfg)], env=env, stdout=out,
-                             stderr=subprocess.STDOUT, cwd=home)
+    agent = NobodyAgent(open_tmp, nobody_python, {"collectors": {"avx512": {"interval_seconds": 0.5}}})
     try:
-        def ready():
-            if p.poll() is not None:
-                raise AssertionError(log.read_text())
-            try:
-                return httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        wait_for(ready, timeout=30, what="non-root agent ready")
-        col = {c["name"]: c for c in httpx.get(f"http://127.0.0.1:{port}/api/v1/collectors").json()}["avx512"]
+        agent.wait_ready()
+        col = {c["name"]: c for c in httpx.get(agent.url + "/api/v1/collectors").json()}["avx512"]
         assert col["enabled"] and not col["up"], col
         assert "not root and no CAP_BPF+CAP_PERFMON or CAP_SYS_ADMIN" in col["reason"], col
-        text = httpx.get(f"http://127.0.0.1:{port}/metrics").text
+        text = httpx.get(agent.url + "/metrics").text
         assert value(text, "cri_resmgr_collector_up", collector="avx512") == 0.0
         assert value(text, "cri_resmgr_collector_up", collector="cpu") == 1.0  # the rest keeps working
     finally:
-        p.terminate()
-        assert p.wait(20) == 0
+        assert agent.stop() == 0

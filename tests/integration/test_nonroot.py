@@ -52,41 +52,59 @@ def open_tmp():
     shutil.rmtree(d, ignore_errors=True)
 
 
-def test_agent_starts_without_root_using_fallback_dirs(open_tmp, nobody_python):
-    tmp_path = open_tmp
-    home = tmp_path / "home"
-    home.mkdir()
-    os.chown(home, NOBODY, NOBODY)
-    port = free_port()
-    cfg = tmp_path / "c.yaml"
-    cfg.write_text(yaml.safe_dump({"listen": f"127.0.0.1:{port}",
-                                   "collectors": {"cgroup": {"interval_seconds": 0.5}, "cpu": {"interval_seconds": 0.5}}}))
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home),
-           "XDG_RUNTIME_DIR": str(home / "run"), "XDG_STATE_HOME": str(home / "state"),
-           "PYTHONPATH": os.pathsep.join([str(REPO), sysconfig.get_paths()["purelib"]])}
-    log = tmp_path / "agent.log"
-    with open(log, "wb") as out:
-        p = subprocess.Popen(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", nobody_python,
-                              "-m", "cri_resmgr.cli", "run", "--config", str(cfg)], env=env, stdout=out,
-                             stderr=subprocess.STDOUT, cwd=home)
-    try:
+class NobodyAgent:
+    """The agent started as user nobody with its default directories, so it must fall back to XDG ones."""
+
+    def __init__(self, tmp: Path, python: str, config: dict):
+        self.home = tmp / "home"
+        self.home.mkdir()
+        os.chown(self.home, NOBODY, NOBODY)
+        self.port = free_port()
+        cfg = tmp / "c.yaml"
+        cfg.write_text(yaml.safe_dump({"listen": f"127.0.0.1:{self.port}", **config}))
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(self.home),
+               "XDG_RUNTIME_DIR": str(self.home / "run"), "XDG_STATE_HOME": str(self.home / "state"),
+               "PYTHONPATH": os.pathsep.join([str(REPO), sysconfig.get_paths()["purelib"]])}
+        self.log = tmp / "agent.log"
+        with open(self.log, "wb") as out:
+            self.proc = subprocess.Popen(
+                ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", python,
+                 "-m", "cri_resmgr.cli", "run", "--config", str(cfg)],
+                env=env, stdout=out, stderr=subprocess.STDOUT, cwd=self.home)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def wait_ready(self) -> None:
         def ready():
-            if p.poll() is not None:
-                raise AssertionError(log.read_text())
+            if self.proc.poll() is not None:
+                raise AssertionError(self.log.read_text())
             try:
-                return httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200
+                return httpx.get(self.url + "/readyz", timeout=1).status_code == 200
             except httpx.HTTPError:
                 return False
 
         wait_for(ready, timeout=30, what="non-root agent ready")
-        cols = {c["name"]: c for c in httpx.get(f"http://127.0.0.1:{port}/api/v1/collectors").json()}
+
+    def stop(self) -> int:
+        self.proc.terminate()
+        return self.proc.wait(20)
+
+
+def test_agent_starts_without_root_using_fallback_dirs(open_tmp, nobody_python):
+    agent = NobodyAgent(open_tmp, nobody_python,
+                        {"collectors": {"cgroup": {"interval_seconds": 0.5}, "cpu": {"interval_seconds": 0.5}}})
+    home = agent.home
+    try:
+        agent.wait_ready()
+        cols = {c["name"]: c for c in httpx.get(agent.url + "/api/v1/collectors").json()}
         assert cols["cpu"]["up"] and cols["cgroup"]["up"]
         for c in cols.values():
             assert c["up"] or c["reason"], c  # a collector that is down says why
-        text = log.read_text()
+        text = agent.log.read_text()
         assert "not writable" in text and str(home / "run" / "cri-resmgr") in text
         assert (home / "run" / "cri-resmgr" / "cri-resmgr.lock").exists()
     finally:
-        p.terminate()
-        assert p.wait(20) == 0
+        assert agent.stop() == 0
     assert (home / "state" / "cri-resmgr" / "store.npz").exists()  # checkpoint written as that user

@@ -97,7 +97,7 @@ def test_agent_holds_at_most_its_descriptor_budget_with_many_cgroups(tmp_path, c
                  what="the busiest container watched after a reselection")
         text = agent.get("/metrics")
         assert _perf_fds(agent.proc.pid) <= budget
-        skipped = [c for c in idle if f'reason="budget"' in next(
+        skipped = [c for c in idle if 'reason="budget"' in next(
             (ln for ln in text.splitlines() if ln.startswith("cri_resmgr_container_perf_monitored{")
              and c.container_id in ln), "")]
         assert len(skipped) >= len(idle) - 1, text
