@@ -105,31 +105,41 @@ def _stats(usage_seconds: float | None, cpu: dict[str, int], throttled_key: str,
 
 
 def read_stats(layout: CgroupLayout, rel: str) -> ContainerStats | None:
-    """Read one container's files; None when the cgroup has gone (container exited mid-scan)."""
+    """Read one container's files; None when the cgroup has gone (container exited mid-scan).
+
+    Paths are plain strings: this runs for every container every cycle, and pathlib's joins cost more
+    than the reads.
+    """
     rel = rel.strip("/")
     if layout.version == 2:
-        d = layout.root / rel
-        cpu_text = read_text(d / "cpu.stat")
+        d = f"{layout.root}/{rel}/"
+        cpu_text = read_text(d + "cpu.stat")
         if cpu_text is None:
             return None
         cpu = parse_flat_keyed(cpu_text)
-        mstat = parse_flat_keyed(read_text(d / "memory.stat") or "")
+        mstat = parse_flat_keyed(read_text(d + "memory.stat") or "")
         usage = cpu.get("usage_usec")
         return _stats(usage / 1e6 if usage is not None else None, cpu, "throttled_usec", 1e6,
-                      read_int(d / "memory.current"), mstat.get("inactive_file"),
-                      read_cpulist(d / "cpuset.cpus.effective"))
+                      read_int(d + "memory.current"), mstat.get("inactive_file"),
+                      read_cpulist(d + "cpuset.cpus.effective"))
     assert layout.cpuacct is not None
-    usage_ns = read_int(layout.cpuacct / rel / "cpuacct.usage")
-    if usage_ns is None and not (layout.cpuacct / rel).is_dir():
+    acct = f"{layout.cpuacct}/{rel}"
+    usage_ns = read_int(acct + "/cpuacct.usage")
+    if usage_ns is None and not os.path.isdir(acct):
         return None
-    cpu = parse_flat_keyed(read_text(layout.cpu / rel / "cpu.stat") or "") if layout.cpu else {}
-    mem_usage = read_int(layout.memory / rel / "memory.usage_in_bytes") if layout.memory else None
-    mstat = parse_flat_keyed(read_text(layout.memory / rel / "memory.stat") or "") if layout.memory else {}
+    cpu = parse_flat_keyed(read_text(f"{layout.cpu}/{rel}/cpu.stat") or "") if layout.cpu else {}
+    mem_usage = mstat = None
+    if layout.memory:
+        mem = f"{layout.memory}/{rel}/"
+        mem_usage = read_int(mem + "memory.usage_in_bytes")
+        mstat = parse_flat_keyed(read_text(mem + "memory.stat") or "")
+    mstat = mstat or {}
     cpuset = None
     if layout.cpuset:
-        cpuset = read_cpulist(layout.cpuset / rel / "cpuset.effective_cpus")
+        cs = f"{layout.cpuset}/{rel}/"
+        cpuset = read_cpulist(cs + "cpuset.effective_cpus")
         if cpuset is None:
-            cpuset = read_cpulist(layout.cpuset / rel / "cpuset.cpus")
+            cpuset = read_cpulist(cs + "cpuset.cpus")
     return _stats(usage_ns / 1e9 if usage_ns is not None else None, cpu, "throttled_time", 1e9, mem_usage,
                   mstat.get("total_inactive_file", mstat.get("inactive_file")), cpuset)
 
