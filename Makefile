@@ -11,7 +11,7 @@ BIN := $(VENV)/bin
 # `make bpf`, python3-bpfcc for the avx512 bcc fallback's tests, linux-perf for bench/avx512_bench.py,
 # fuse3 (libfuse3) for the FUSE resctrl emulator of the RDT tests (tests/resctrlfs.py); containerd, runc and
 # busybox-static for the CRI relay's tests against a real runtime (tests/integration/containerd.py).
-APT_PACKAGES ?= prometheus chromium gcc clang bpftool libbpf-dev python3-bpfcc linux-perf fuse3 containerd runc busybox-static
+APT_PACKAGES ?= prometheus chromium gcc libc6-dev clang bpftool libbpf-dev python3-bpfcc linux-perf fuse3 containerd runc busybox-static
 # What `make run` needs: the toolchain that builds the eBPF object (the agent itself never runs clang).
 RUN_APT_PACKAGES ?= clang bpftool libbpf-dev
 ARGS ?=
