@@ -158,3 +158,35 @@ def test_no_containers_yet_is_a_quiet_round(tmp_path):
     rb = Rebalancer(Store(60), lambda: topology_from_spec(MACHINES["this-vm"]), lambda: RebalancerConfig())
     rec = rb.run_once(now=1.0)
     assert rec.plan is None and rec.error == "no containers in the store yet"
+
+
+class _RelayCache:
+    """A metadata source like the relay's cache that knows only some containers."""
+
+    def __init__(self, known):
+        self.known = known
+
+    def metadata(self):
+        from cri_resmgr.rebalancer.signals import ContainerMetadata
+
+        return {cid: ContainerMetadata(qos="Burstable") for cid in self.known}
+
+
+def test_with_the_relay_as_applier_only_containers_it_knows_are_moved(node):
+    rb = node.rebalancer(mode="enforce", cooldown_seconds=0, applier="relay")
+    rb.metadata = _RelayCache({"avx-a", "scalar-a"})
+    rec = rb.run_once(now=node.t)
+    assert rec.plan is not None
+    moved = {m.container_id for m in rec.plan.moves}
+    assert moved and moved <= {"avx-a", "scalar-a"}, rec.plan.moves
+    assert node.cpus("avx-b") == node.cpus("scalar-b") == {0, 1}  # not moved: the relay would refuse them
+    # The same metadata with the cgroup applier restricts nothing.
+    rb2 = node.rebalancer(mode="advise", cooldown_seconds=0, applier="cgroup")
+    rb2.metadata = _RelayCache({"avx-a"})
+    inputs = read_inputs(node.store, RebalancerConfig(window_seconds=3, overrides=AVX_OVERRIDES), node.t,
+                         metadata=rb2.metadata.metadata(), only_known=False)
+    assert all(c.pinned_reason is None for c in inputs.containers)
+    inputs = read_inputs(node.store, RebalancerConfig(window_seconds=3, overrides=AVX_OVERRIDES), node.t,
+                         metadata=rb2.metadata.metadata(), only_known=True)
+    assert {c.id for c in inputs.containers if c.pinned_reason == "not known to the relay"} == {
+        "avx-b", "scalar-a", "scalar-b"}

@@ -172,7 +172,10 @@ class Rebalancer:
     def _round(self, cfg: RebalancerConfig, now: float, mode: str) -> RoundRecord:
         t0 = time.perf_counter()
         md = self.metadata.metadata() if self.metadata is not None else None
-        inputs = read_inputs(self.store, cfg, now, self.last_moved, md)
+        # Metadata (None: no relay reachable) comes from the relay's cache; when the relay also applies the
+        # moves, containers it does not know cannot be moved through it.
+        inputs = read_inputs(self.store, cfg, now, self.last_moved, md,
+                             only_known=md is not None and cfg.applier != "cgroup")
         if not inputs.containers:
             plan = None
             return RoundRecord(time=now, mode=mode, plan=plan, outcomes=[], error="no containers in the store yet")

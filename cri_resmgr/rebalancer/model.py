@@ -71,6 +71,7 @@ class ContainerInput:
     annotations: Mapping[str, str] = field(default_factory=dict)
     exclusive: bool | None = None  # None: derived (Guaranteed with a pinned cpuset)
     last_moved: float | None = None  # wall-clock time of the last move applied to it
+    pinned_reason: str | None = None  # set when something outside the model forbids moving it
 
     @property
     def latency_critical(self) -> bool:
@@ -400,6 +401,8 @@ class Problem:
                 for cpu in c.cpuset:
                     if cpu in node.pos:
                         pool[node.pos[cpu]] = False
+            elif c.pinned_reason:
+                movable[i], reason[i] = False, c.pinned_reason
             elif c.opted_out:
                 movable[i], reason[i] = False, f"annotation {ANNOTATION_REBALANCE}=false"
             elif cfg.namespaces and c.namespace not in cfg.namespaces:

@@ -41,7 +41,8 @@ class RelayMetadata:
         self.client = client
         self._warned = False
 
-    def metadata(self) -> Mapping[str, ContainerMetadata]:
+    def metadata(self) -> Mapping[str, ContainerMetadata] | None:
+        """None when the relay's state cannot be read (then nothing is known, not "no containers")."""
         import grpc
 
         try:
@@ -50,7 +51,7 @@ class RelayMetadata:
             if not self._warned:
                 log.warning("relay state unavailable (%s); planning without requests and annotations", e.code().name)
                 self._warned = True
-            return {}
+            return None
         self._warned = False
         return {c.id: ContainerMetadata(cpu_request=c.cpu_request_milli / 1000.0, annotations=dict(c.annotations),
                                         qos=c.qos_class or None, exclusive=c.placement == "exclusive")

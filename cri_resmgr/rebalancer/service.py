@@ -48,7 +48,7 @@ class _Metadata:
 
     def metadata(self):
         c = self.link.client()
-        return RelayMetadata(c).metadata() if c is not None else {}
+        return RelayMetadata(c).metadata() if c is not None else None
 
 
 class RebalancerService:

@@ -92,7 +92,10 @@ def _matches(match: Mapping[str, str], labels: Mapping[str, str]) -> bool:
 
 
 def read_inputs(store: Store, cfg: RebalancerConfig, now: float, last_moved: Mapping[str, float] | None = None,
-                metadata: Mapping[str, ContainerMetadata] | None = None) -> Inputs:
+                metadata: Mapping[str, ContainerMetadata] | None = None, only_known: bool = False) -> Inputs:
+    """``only_known``: the metadata is the relay's cache and the relay applies the moves, so containers it
+    does not know (other runtimes' containers, extra cgroups) still count in the cost but are not moved:
+    the relay would refuse them."""
     window = cfg.window_seconds
     # Newest cpuset series per container: a changed cpuset is a new series (label "cpus").
     newest: dict[str, tuple[float, dict[str, str]]] = {}
@@ -143,6 +146,7 @@ def read_inputs(store: Store, cfg: RebalancerConfig, now: float, last_moved: Map
             llc_occupancy_bytes=max(0.0, occ.get(cid, 0.0)),
             annotations=dict(md.annotations), exclusive=md.exclusive,
             last_moved=(last_moved or {}).get(cid),
+            pinned_reason="not known to the relay" if only_known and cid not in metadata else None,
         )
         for o in cfg.overrides:
             if not _matches(o.match, lab):
