@@ -46,6 +46,8 @@ def live(tmp_path_factory):
     s.prom = PrometheusServer(tmp / "prom", scrape_targets=[f"127.0.0.1:{s.agent.port}"], remote_write_receiver=True)
     s.agent.config["export"] = {"remote_write": {"url": s.prom.write_url, "interval_seconds": 1,
                                                  "metric_regex": "cri_resmgr_remote_write_samples_sent_total"}}
+    # Rebalancer rounds (advise mode, the default) every second, so its panels have series too.
+    s.agent.config["rebalancer"] = {"interval_seconds": 1, "window_seconds": 3}
     s.agent.write_config(s.agent.config)
     s.prom.start()
     s.agent.start()
