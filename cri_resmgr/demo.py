@@ -58,6 +58,24 @@ MEMBW_HOG = ("import numpy as np\na = np.ones(8 << 20)\nb = np.empty_like(a)\n"
              "while True:\n    np.copyto(b, a)\n    np.copyto(a, b)\n")
 
 
+def remove_cgroup_dirs(dirs, attempts: int = 50, delay_seconds: float = 0.1) -> list[str]:
+    """rmdir each cgroup directory in order (children first); a cgroup whose tasks are still exiting
+    answers EBUSY, so each is retried briefly. Returns the ones that could not be removed."""
+    failed = []
+    for d in dirs:
+        for _ in range(attempts):
+            try:
+                d.rmdir()
+                break
+            except FileNotFoundError:
+                break
+            except OSError:
+                time.sleep(delay_seconds)
+        else:
+            failed.append(str(d))
+    return failed
+
+
 @dataclass
 class Workload:
     name: str
@@ -125,19 +143,7 @@ class DemoCgroups:
 
     def remove(self) -> list[str]:
         """rmdir children first; a cgroup with tasks cannot be removed, so retry briefly. Returns failures."""
-        failed = []
-        for d in reversed(self.created):
-            for _ in range(50):
-                try:
-                    d.rmdir()
-                    break
-                except FileNotFoundError:
-                    break
-                except OSError:
-                    time.sleep(0.1)
-            else:
-                failed.append(str(d))
-        return failed
+        return remove_cgroup_dirs(reversed(self.created))
 
 
 def _enable_controllers(cg: Path, names: tuple[str, ...]) -> None:

@@ -35,6 +35,8 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from .helpers import stop_process
+
 BUSYBOX = Path("/bin/busybox")
 BINARIES = ("containerd", "ctr", "runc", "containerd-shim-runc-v2")
 BUSYBOX_APPLETS = ("sh", "sleep", "cat", "echo", "true", "false", "ls", "grep", "kill", "ps", "head", "env")
@@ -270,13 +272,7 @@ class Containerd:
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 15) -> None:
         """Stop the daemon only; shims and containers keep running (as with a real containerd restart)."""
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc, sig, timeout)
         if self._log:
             self._log.close()
             self._log = None

@@ -15,8 +15,21 @@ import httpx
 import yaml
 
 from cri_resmgr.collectors.cgroup import detect_layout
+from cri_resmgr.demo import remove_cgroup_dirs
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+def stop_process(proc: subprocess.Popen | None, sig: int = signal.SIGTERM, timeout: float = 20) -> None:
+    """Signal a child and wait for it; kill it if it does not exit within ``timeout``."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.send_signal(sig)
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def free_port() -> int:
@@ -75,13 +88,7 @@ class AgentProcess:
         self.proc.send_signal(sig)
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 20) -> int:
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc, sig, timeout)
         return self.proc.returncode if self.proc else 0
 
 
@@ -149,15 +156,7 @@ class RealCgroup:
             (root / self.rel / "cgroup.procs").write_text(str(pid))
 
     def remove(self) -> None:
-        for d in reversed(self.created):
-            for _ in range(50):
-                try:
-                    d.rmdir()
-                    break
-                except FileNotFoundError:
-                    break
-                except OSError:
-                    time.sleep(0.1)
+        remove_cgroup_dirs(reversed(self.created))
 
 
 def busy_process() -> subprocess.Popen:

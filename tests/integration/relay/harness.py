@@ -16,7 +16,7 @@ import yaml
 from cri_resmgr.collectors.cgroup import detect_layout
 from cri_resmgr.relay.control import ControlClient
 
-from ..helpers import CGROUP_ROOT, _merge
+from ..helpers import CGROUP_ROOT, _merge, stop_process
 
 
 class RelayProcess:
@@ -65,13 +65,7 @@ class RelayProcess:
         return ControlClient(self.control)
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 15) -> int | None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_process(self.proc, sig, timeout)
         if self.proc is not None:
             self._log.close()
         return self.proc.returncode if self.proc else None
