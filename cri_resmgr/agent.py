@@ -17,6 +17,7 @@ from .collectors.avx512 import Avx512Collector
 from .collectors.base import Collector, CollectorUnavailable
 from .collectors.cgroup import CgroupCollector
 from .collectors.cpu import CpuCollector
+from .collectors.names import RuntimeNames
 from .collectors.perf import PerfCollector
 from .collectors.rdt import RdtCollector
 from .collectors.sst import SstCollector
@@ -210,7 +211,7 @@ class Agent:
     def _build_collectors(self) -> None:
         c = self.cfg.collectors
         self.collectors = {
-            "cgroup": CgroupCollector(self.cfg.paths.cgroup, c.cgroup),
+            "cgroup": CgroupCollector(self.cfg.paths.cgroup, c.cgroup, names=self._runtime_names(c.cgroup)),
             "cpu": CpuCollector(self.cfg.paths.proc, self.topology),
         }
         # Hardware collectors attribute to the containers the cgroup collector discovers (one discovery).
@@ -223,6 +224,10 @@ class Agent:
             cc = getattr(c, name)
             self.health[name] = CollectorHealth(name, enabled=cc.enabled, interval_seconds=cc.interval_seconds,
                                                 reason="not run yet" if cc.enabled else "disabled in config")
+
+    @staticmethod
+    def _runtime_names(cc) -> RuntimeNames | None:
+        return RuntimeNames(cc.runtime_socket, cc.names_refresh_seconds) if cc.runtime_socket else None
 
     def _start_thread(self, name: str) -> None:
         self._wake[name] = threading.Event()
@@ -309,7 +314,13 @@ class Agent:
         logging.getLogger().setLevel(st.active.log_level.upper())
         for name, col in self.collectors.items():
             if isinstance(col, CgroupCollector):
-                col.cfg = st.active.collectors.cgroup
+                new_cc = st.active.collectors.cgroup
+                if (new_cc.runtime_socket, new_cc.names_refresh_seconds) != (
+                        col.cfg.runtime_socket, col.cfg.names_refresh_seconds):
+                    if col.names is not None:
+                        col.names.close()
+                    col.names = self._runtime_names(new_cc)
+                col.cfg = new_cc
             elif hasattr(col, "reconfigure"):
                 col.reconfigure(getattr(st.active.collectors, name))
             elif isinstance(col, SstCollector):

@@ -80,6 +80,11 @@ class CgroupCollectorConfig(_Strict):
     enabled: bool = True
     interval_seconds: float = Field(5.0, gt=0)
     extra_cgroups: list[ExtraCgroup] = Field(default_factory=list)
+    runtime_socket: Path | None = Field(
+        Path("/run/containerd/containerd.sock"),
+        description="CRI socket asked for pod and container names (labels namespace, pod, container); none: off",
+    )
+    names_refresh_seconds: float = Field(10.0, gt=0)
 
 
 class CpuCollectorConfig(_Strict):

@@ -71,7 +71,7 @@ def test_containers_and_collectors(client):
     assert [c["container_id"] for c in cs] == [CID]
     assert cs[0]["qos_class"] == "Burstable" and cs[0]["cpuset"] == "0-1" and cs[0]["cpu_usage_seconds"] == 5.0
     cols = {c["name"]: c for c in client.get("/api/v1/collectors").json()}
-    assert cols["cgroup"]["up"] and cols["cpu"]["up"] and cols["cgroup"]["reason"] == "cgroup v2"
+    assert cols["cgroup"]["up"] and cols["cpu"]["up"] and cols["cgroup"]["reason"].startswith("cgroup v2")
 
 
 def test_metrics_exposition(client):

@@ -113,3 +113,29 @@ def test_this_machine_hierarchy_is_detected():
         pytest.skip("no cgroup filesystem mounted at /sys/fs/cgroup")
     assert layout.version in (1, 2)
     find_containers(layout.root)  # walking the real tree must not raise
+
+
+def test_names_from_runtime_prefer_kubelet_labels_then_cri_metadata():
+    from cri_api.v1 import api_pb2 as pb
+
+    from cri_resmgr.collectors.names import ContainerNames, names_from
+
+    sb = pb.PodSandbox(id="s1", metadata=pb.PodSandboxMetadata(name="meta-pod", namespace="meta-ns", uid="u"))
+    labelled = pb.Container(id="c1", pod_sandbox_id="s1", metadata=pb.ContainerMetadata(name="meta-c"),
+                            labels={"io.kubernetes.pod.name": "p", "io.kubernetes.pod.namespace": "ns",
+                                    "io.kubernetes.container.name": "c"})
+    bare = pb.Container(id="c2", pod_sandbox_id="s1", metadata=pb.ContainerMetadata(name="meta-c"))
+    orphan = pb.Container(id="c3", pod_sandbox_id="gone", metadata=pb.ContainerMetadata(name="x"))
+    assert names_from([labelled, bare, orphan], [sb]) == {
+        "c1": ContainerNames("ns", "p", "c"), "c2": ContainerNames("meta-ns", "meta-pod", "meta-c"),
+        "c3": ContainerNames("", "", "x")}
+
+
+def test_missing_runtime_socket_is_reported_and_names_stay_empty(tmp_path: Path):
+    from cri_resmgr.collectors.names import RuntimeNames
+
+    make_v2(tmp_path, PATHS["cgroupfs-guaranteed"][0], Values())
+    col = CgroupCollector(tmp_path, names=RuntimeNames(tmp_path / "no.sock"))
+    samples = col.collect(0.0)
+    assert {s.labels["container"] for s in samples} == {""}
+    assert col.status() == f"cgroup v2; no runtime socket at {tmp_path / 'no.sock'}: container and pod names unknown"

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from .. import metrics as M
@@ -34,6 +34,7 @@ from ..store import Sample
 from ..sysfs import format_cpulist, parse_flat_keyed, read_cpulist, read_int, read_text
 from .base import Collector, CollectorUnavailable, Probe
 from .identity import ContainerIdentity, is_container_dir, parse_container_path
+from .names import RuntimeNames
 
 log = logging.getLogger(__name__)
 
@@ -177,10 +178,29 @@ def find_containers(root: Path) -> list[ContainerIdentity]:
 class CgroupCollector(Collector):
     name = "cgroup"
 
-    def __init__(self, cgroup_root: Path, cfg: CgroupCollectorConfig | None = None):
+    def __init__(self, cgroup_root: Path, cfg: CgroupCollectorConfig | None = None, names: RuntimeNames | None = None):
         self.cgroup_root = Path(cgroup_root)
         self.cfg = cfg or CgroupCollectorConfig()
         self.containers: dict[str, ContainerInfo] = {}
+        self.names = names
+        self._version: int | None = None
+
+    def status(self) -> str | None:
+        if self.names is not None and self.names.error and self._version:
+            return f"cgroup v{self._version}; {self.names.error}"
+        return None
+
+    def _named(self, ids: list[ContainerIdentity]) -> list[ContainerIdentity]:
+        if self.names is None:
+            return ids
+        names = self.names.names(i.container_id for i in ids if not i.name)
+        out = []
+        for i in ids:
+            n = names.get(i.container_id)
+            if n is not None and not i.name:
+                i = replace(i, name=n.container, pod=n.pod, namespace=n.namespace)
+            out.append(i)
+        return out
 
     def probe(self) -> Probe:
         layout = detect_layout(self.cgroup_root)
@@ -189,7 +209,7 @@ class CgroupCollector(Collector):
         return Probe(True, f"cgroup v{layout.version}")
 
     def identities(self, layout: CgroupLayout) -> list[ContainerIdentity]:
-        ids = find_containers(layout.root)
+        ids = self._named(find_containers(layout.root))
         for extra in self.cfg.extra_cgroups:
             ids.append(
                 ContainerIdentity(
@@ -204,6 +224,7 @@ class CgroupCollector(Collector):
         layout = detect_layout(self.cgroup_root)
         if layout is None:
             raise CollectorUnavailable(f"no cgroup hierarchy with CPU accounting under {self.cgroup_root}")
+        self._version = layout.version
         samples: list[Sample] = []
         seen: dict[str, ContainerInfo] = {}
         for ident in self.identities(layout):

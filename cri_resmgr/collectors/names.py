@@ -1,0 +1,104 @@
+"""Pod and container names from the container runtime, for the Kubernetes labels of container series.
+
+The cgroup path carries the container id, the pod uid and the QoS class, not names. The runtime knows
+them: kubelet labels every container it creates with ``io.kubernetes.pod.name``,
+``io.kubernetes.pod.namespace`` and ``io.kubernetes.container.name`` (kubernetes pkg/kubelet/types/labels.go),
+and CRI's ``ContainerMetadata.name`` / ``PodSandboxMetadata.{name,namespace}`` hold the same
+(cri-api pkg/apis/runtime/v1/api.proto). This asks the runtime's CRI socket (``ListContainers`` and
+``ListPodSandbox``) at most every ``refresh_seconds``; a failing runtime keeps the last good answer and
+says why in :attr:`RuntimeNames.error`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+POD_NAME = "io.kubernetes.pod.name"
+POD_NAMESPACE = "io.kubernetes.pod.namespace"
+CONTAINER_NAME = "io.kubernetes.container.name"
+
+
+@dataclass(frozen=True)
+class ContainerNames:
+    namespace: str
+    pod: str
+    container: str
+
+
+def names_from(containers: Iterable, sandboxes: Iterable) -> dict[str, ContainerNames]:
+    """Map container id → names from CRI ``Container`` and ``PodSandbox`` messages: kubelet's labels first,
+    the CRI metadata where a label is missing."""
+    pods = {s.id: s for s in sandboxes}
+    out = {}
+    for c in containers:
+        sb = pods.get(c.pod_sandbox_id)
+        labels = dict(c.labels)
+        ns = labels.get(POD_NAMESPACE) or (sb.metadata.namespace if sb is not None else "")
+        pod = labels.get(POD_NAME) or (sb.metadata.name if sb is not None else "")
+        name = labels.get(CONTAINER_NAME) or c.metadata.name
+        out[c.id] = ContainerNames(ns, pod, name)
+    return out
+
+
+class RuntimeNames:
+    def __init__(self, socket_path: Path, refresh_seconds: float = 10.0, timeout_seconds: float = 2.0, clock=time.monotonic):
+        self.socket_path = Path(socket_path)
+        self.refresh_seconds = refresh_seconds
+        self.timeout_seconds = timeout_seconds
+        self.clock = clock
+        self.error: str | None = None
+        self._names: dict[str, ContainerNames] = {}
+        self._at: float | None = None
+        self._client = None
+
+    def _stub(self):
+        if self._client is None:
+            # Imported here: grpc and the CRI stubs are only loaded on nodes where a runtime socket exists.
+            import grpc
+            from cri_api.v1 import api_pb2_grpc as pbg
+
+            self._channel = grpc.insecure_channel(f"unix://{self.socket_path}")
+            self._client = pbg.RuntimeServiceStub(self._channel)
+        return self._client
+
+    def names(self, known_ids: Iterable[str] = ()) -> dict[str, ContainerNames]:
+        """Cached names; refreshed when older than ``refresh_seconds`` or when a container id is unknown
+        (a new container gets its names in the same cycle it first appears)."""
+        now = self.clock()
+        stale = self._at is None or now - self._at >= self.refresh_seconds
+        unknown = any(cid not in self._names for cid in known_ids)
+        if (stale or (unknown and now - (self._at or 0) >= 1.0)) and self.socket_path.exists():
+            self._refresh(now)
+        elif not self.socket_path.exists():
+            self.error = f"no runtime socket at {self.socket_path}: container and pod names unknown"
+        return self._names
+
+    def _refresh(self, now: float) -> None:
+        from cri_api.v1 import api_pb2 as pb
+        import grpc
+
+        try:
+            stub = self._stub()
+            cs = stub.ListContainers(pb.ListContainersRequest(), timeout=self.timeout_seconds).containers
+            ps = stub.ListPodSandbox(pb.ListPodSandboxRequest(), timeout=self.timeout_seconds).items
+        except grpc.RpcError as e:
+            msg = f"runtime {self.socket_path}: {e.code().name}: {e.details()}; keeping the last names"
+            if msg != self.error:
+                log.warning("%s", msg)
+            self.error = msg
+            self._at = now
+            return
+        self._names = names_from(cs, ps)
+        self._at = now
+        self.error = None
+
+    def close(self) -> None:
+        if self._client is not None:
+            self._channel.close()
+            self._client = None
