@@ -139,3 +139,18 @@ def test_missing_runtime_socket_is_reported_and_names_stay_empty(tmp_path: Path)
     samples = col.collect(0.0)
     assert {s.labels["container"] for s in samples} == {""}
     assert col.status() == f"cgroup v2; no runtime socket at {tmp_path / 'no.sock'}: container and pod names unknown"
+
+
+def test_unreachable_runtime_socket_is_reported_not_fatal(tmp_path: Path):
+    from cri_resmgr.collectors.names import RuntimeNames
+
+    class Denied(type(tmp_path)):
+        def exists(self):
+            raise PermissionError(13, "Permission denied")
+
+    make_v2(tmp_path, PATHS["cgroupfs-guaranteed"][0], Values())
+    names = RuntimeNames(tmp_path / "x.sock")
+    names.socket_path = Denied(tmp_path / "x.sock")
+    col = CgroupCollector(tmp_path, names=names)
+    assert any(s.metric == M.CONTAINER_CPU_USAGE.name for s in col.collect(0.0))
+    assert "cannot reach runtime socket" in col.status() and "Permission denied" in col.status()

@@ -73,10 +73,19 @@ class RuntimeNames:
         now = self.clock()
         stale = self._at is None or now - self._at >= self.refresh_seconds
         unknown = any(cid not in self._names for cid in known_ids)
-        if (stale or (unknown and now - (self._at or 0) >= 1.0)) and self.socket_path.exists():
+        if not (stale or (unknown and now - (self._at or 0) >= 1.0)):
+            return self._names
+        try:
+            present = self.socket_path.exists()
+        except OSError as e:  # e.g. EACCES: /run/containerd is 0700 and the agent is not root
+            self.error = f"cannot reach runtime socket {self.socket_path}: {e.strerror}; container and pod names unknown"
+            self._at = now
+            return self._names
+        if present:
             self._refresh(now)
-        elif not self.socket_path.exists():
+        else:
             self.error = f"no runtime socket at {self.socket_path}: container and pod names unknown"
+            self._at = now
         return self._names
 
     def _refresh(self, now: float) -> None:
