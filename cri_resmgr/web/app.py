@@ -6,6 +6,7 @@ from __future__ import annotations
 import hmac
 import math
 import time
+from pathlib import Path
 from typing import Annotated, Any
 
 import numpy as np
@@ -17,6 +18,7 @@ from pydantic import BaseModel
 from .. import __version__
 from .. import metrics as M
 from ..export.exposition import Exposition
+from ..export.relay_metrics import RelayMetrics
 from ..store import QueryError, heatmap, parse_matchers, query_range
 from ..store.query import AGGS, HEATMAP_BY
 from ..sysfs import format_cpulist
@@ -173,6 +175,12 @@ def create_app(agent) -> FastAPI:
                   description="Per-container hardware signals, history and placement on one node.")
     exposition = Exposition(agent.store, agent.self_metrics)
 
+    def relay_control() -> Path:
+        p = agent.cfg.relay.control_socket
+        return Path(p) if p else Path(agent.run_dir) / "relay-control.sock"
+
+    relay_metrics = RelayMetrics(relay_control)
+
     @app.exception_handler(QueryError)
     async def _query_error(_req, exc: QueryError):
         return JSONResponse(status_code=400, content={"detail": str(exc)})
@@ -187,7 +195,7 @@ def create_app(agent) -> FastAPI:
 
     @app.get("/metrics", include_in_schema=False)
     def metrics() -> Response:
-        return Response(exposition.render(), media_type=CONTENT_TYPE_LATEST)
+        return Response(exposition.render() + relay_metrics.text(), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/healthz")
     def healthz() -> dict[str, str]:
