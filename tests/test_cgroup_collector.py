@@ -154,3 +154,17 @@ def test_unreachable_runtime_socket_is_reported_not_fatal(tmp_path: Path):
     col = CgroupCollector(tmp_path, names=names)
     assert any(s.metric == M.CONTAINER_CPU_USAGE.name for s in col.collect(0.0))
     assert "cannot reach runtime socket" in col.status() and "Permission denied" in col.status()
+
+
+def test_containers_in_scanned_paths_equal_a_walk(tmp_path: Path):
+    from cri_resmgr.collectors.cgroup import containers_in
+    from cri_resmgr.collectors.cgroup_ids import scan_cgroup_ids
+
+    for case in PATHS.values():
+        make_v2(tmp_path, case[0], Values())
+    (tmp_path / "system.slice" / "containerd.service").mkdir(parents=True)
+    (tmp_path / "kubepods" / "burstable" / f"pod{UID}" / CID / "nested").mkdir(parents=True)
+    key = lambda i: i.cgroup_path  # noqa: E731
+    walked = sorted(find_containers(tmp_path), key=key)
+    assert len(walked) == len(PATHS)
+    assert sorted(containers_in(scan_cgroup_ids(tmp_path).values()), key=key) == walked

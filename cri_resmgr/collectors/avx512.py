@@ -24,7 +24,7 @@ from ..ebpf.probe import choose_loader, probe_capabilities
 from ..store import Sample
 from ..topology import Topology
 from .base import Collector, CollectorUnavailable, Probe
-from .cgroup import CgroupLayout, detect_layout, find_containers
+from .cgroup import CgroupLayout, containers_in, detect_layout, find_containers
 from .cgroup_ids import CgroupIdResolver, PidResolver
 from .identity import ContainerIdentity
 
@@ -89,12 +89,14 @@ class Avx512Collector(Collector):
     name = "avx512"
 
     def __init__(self, cfg: Avx512CollectorConfig, paths: Paths, topology: Topology,
-                 identities: Callable[[CgroupLayout], list[ContainerIdentity]] | None = None,
+                 identities: Callable[..., list[ContainerIdentity]] | None = None,
                  clock: Callable[[], float] = time.monotonic):
         self.cfg = cfg
         self.paths = paths
         self.topology = topology
-        self.identities = identities or (lambda layout: find_containers(layout.root))
+        # (layout, found=None) -> containers: the cgroup collector's, so names and extra cgroups apply.
+        self.identities = identities or (lambda layout, found=None: found if found is not None
+                                         else find_containers(layout.root))
         self.clock = clock
         self.source: Avx512Source | None = None
         self.attribution: Attribution | None = None
@@ -194,9 +196,16 @@ class Avx512Collector(Collector):
         t = self.clock()
         mono_ns = time.clock_gettime_ns(time.CLOCK_MONOTONIC)  # bpf_ktime_get_ns() is CLOCK_MONOTONIC
         # Discover after reading the map: a key read above whose cgroup is absent now has really gone.
-        containers = {c.container_id: c for c in self.identities(self.attribution.ident_layout)}
-        resolver = self._cg or self._pid
-        resolver.refresh(list(containers.values()))
+        layout = self.attribution.ident_layout
+        if self._cg is not None:
+            # One walk of the v2 tree serves both the id -> path map and container discovery.
+            found = containers_in(self._cg.scan().values())
+            containers = {c.container_id: c for c in self.identities(layout, found)}
+            self._cg.assign(list(containers.values()))
+        else:
+            assert self._pid is not None
+            containers = {c.container_id: c for c in self.identities(layout)}
+            self._pid.refresh(list(containers.values()))
 
         live: dict[str, Counts] = {}
         dead: list[CounterKey] = []

@@ -24,6 +24,7 @@ carry the accounting, so the collector reads v1 there.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -175,6 +176,19 @@ def find_containers(root: Path) -> list[ContainerIdentity]:
     return found
 
 
+def containers_in(paths: Iterable[str]) -> list[ContainerIdentity]:
+    """The containers among cgroup paths already listed by another walk (e.g. the cgroup-id scan of the
+    eBPF collector), so one tree is not walked twice per cycle."""
+    out = []
+    for p in paths:
+        leaf = p.rsplit("/", 1)[-1]
+        if is_container_dir(leaf):
+            ident = parse_container_path(p)
+            if ident is not None:
+                out.append(ident)
+    return out
+
+
 class CgroupCollector(Collector):
     name = "cgroup"
 
@@ -208,8 +222,10 @@ class CgroupCollector(Collector):
             return Probe(False, f"no cgroup hierarchy with CPU accounting under {self.cgroup_root}")
         return Probe(True, f"cgroup v{layout.version}")
 
-    def identities(self, layout: CgroupLayout) -> list[ContainerIdentity]:
-        ids = self._named(find_containers(layout.root))
+    def identities(self, layout: CgroupLayout, found: list[ContainerIdentity] | None = None) -> list[ContainerIdentity]:
+        """Containers under ``layout.root`` (walked, unless ``found`` already lists them), named, plus the
+        configured extra cgroups."""
+        ids = self._named(found if found is not None else find_containers(layout.root))
         for extra in self.cfg.extra_cgroups:
             ids.append(
                 ContainerIdentity(

@@ -115,10 +115,19 @@ class CgroupIdResolver:
         self.paths: dict[int, str] = {}
         self._owner: dict[int, ContainerIdentity | None] = {}
 
-    def refresh(self, containers: list[ContainerIdentity]) -> None:
+    def scan(self) -> dict[int, str]:
+        """Walk the v2 tree once: every live cgroup id and its path."""
         self.paths = scan_cgroup_ids(self.v2_root)
+        return self.paths
+
+    def assign(self, containers: list[ContainerIdentity]) -> None:
+        """Map the scanned ids to their containers."""
         by_path = {c.cgroup_path: c for c in containers}
         self._owner = {i: owning_container(p, by_path) for i, p in self.paths.items()}
+
+    def refresh(self, containers: list[ContainerIdentity]) -> None:
+        self.scan()
+        self.assign(containers)
 
     def alive(self, cgroup_id: int) -> bool:
         return cgroup_id in self.paths
