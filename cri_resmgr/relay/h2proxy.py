@@ -293,7 +293,7 @@ class Pair:
                     if flags & F_END_STREAM:
                         st.req_done = True
             elif ftype in (HEADERS, CONTINUATION):
-                self._header_frame(d, ftype, flags, sid, bytes(buf[pos:end]), out, client_side=True)
+                self._header_frame(d, ftype, flags, sid, bytes(buf[pos:end]), out, self._request_headers)
             elif ftype == RST_STREAM:
                 out.append(bytes(buf[pos:end]))
                 self._drop_blocked(sid)
@@ -315,14 +315,12 @@ class Pair:
             self._to_upstream(b"".join(out))
 
     def _header_frame(self, d: _Direction, ftype: int, flags: int, sid: int, raw: bytes, out: list[bytes],
-                      client_side: bool) -> None:
+                      on_headers) -> None:
+        """Collect a header block (HEADERS + CONTINUATIONs), decode it once complete, hand it to
+        ``on_headers(sid, headers, end_stream)`` and forward its frames unchanged."""
         if ftype == HEADERS:
             if flags & F_END_HEADERS:  # the usual case: the whole block in one frame
-                headers = decode_block(d.decoder, _fragment(ftype, flags, raw[9:]))
-                if client_side:
-                    self._request_headers(sid, headers, bool(flags & F_END_STREAM))
-                else:
-                    self._response_headers(sid, headers, bool(flags & F_END_STREAM))
+                on_headers(sid, decode_block(d.decoder, _fragment(ftype, flags, raw[9:])), bool(flags & F_END_STREAM))
                 out.append(raw)
                 return
             d.block, d.block_fragments = [], []
@@ -333,11 +331,7 @@ class Pair:
             return
         frames, block = d.block, b"".join(d.block_fragments)
         d.block, d.block_fragments = [], []
-        headers = decode_block(d.decoder, block)
-        if client_side:
-            self._request_headers(d.block_stream, headers, d.block_end_stream)
-        else:
-            self._response_headers(d.block_stream, headers, d.block_end_stream)
+        on_headers(d.block_stream, decode_block(d.decoder, block), d.block_end_stream)
         out.extend(frames)
 
     def _request_headers(self, sid: int, headers: list[tuple[bytes, bytes]], end_stream: bool) -> None:
@@ -380,7 +374,7 @@ class Pair:
                     st.resp += _data_body(flags, bytes(buf[pos + 9:end]))
                 out.append(bytes(buf[pos:end]))
             elif ftype in (HEADERS, CONTINUATION):
-                self._header_frame(d, ftype, flags, sid, bytes(buf[pos:end]), out, client_side=False)
+                self._header_frame(d, ftype, flags, sid, bytes(buf[pos:end]), out, self._response_headers)
             elif ftype == WINDOW_UPDATE:
                 inc = int.from_bytes(buf[pos + 9:pos + 13], "big") & 0x7FFFFFFF
                 if sid == 0:
