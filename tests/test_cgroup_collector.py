@@ -168,3 +168,36 @@ def test_containers_in_scanned_paths_equal_a_walk(tmp_path: Path):
     walked = sorted(find_containers(tmp_path), key=key)
     assert len(walked) == len(PATHS)
     assert sorted(containers_in(scan_cgroup_ids(tmp_path).values()), key=key) == walked
+
+
+def test_runtime_names_refresh_early_once_per_new_id_then_only_periodically(tmp_path: Path):
+    from cri_resmgr.collectors.names import RuntimeNames
+
+    sock = tmp_path / "rt.sock"
+    sock.touch()
+    t = [100.0]
+    names = RuntimeNames(sock, refresh_seconds=10, clock=lambda: t[0])
+    calls = []
+    names._refresh = lambda now: (calls.append(now), setattr(names, "_at", now))
+    names.names(["a"])
+    assert calls == [100.0]  # first use
+    t[0] = 102.0
+    names.names(["a"])  # still unknown after a refresh: no early retry
+    assert calls == [100.0]
+    names.names(["a", "b"])  # a new id: one early refresh
+    assert calls == [100.0, 102.0]
+    t[0] = 103.5
+    names.names(["a", "b"])
+    assert calls == [100.0, 102.0]
+    t[0] = 112.5
+    names.names(["a", "b"])  # periodic
+    assert calls == [100.0, 102.0, 112.5]
+
+
+def test_sandbox_pause_containers_get_their_pods_names():
+    from cri_api.v1 import api_pb2 as pb
+
+    from cri_resmgr.collectors.names import ContainerNames, sandbox_names
+
+    sb = pb.PodSandbox(id="s1", metadata=pb.PodSandboxMetadata(name="p", namespace="ns", uid="u"))
+    assert sandbox_names([sb]) == {"s1": ContainerNames("ns", "p", "")}

@@ -46,6 +46,12 @@ def names_from(containers: Iterable, sandboxes: Iterable) -> dict[str, Container
     return out
 
 
+def sandbox_names(sandboxes: Iterable) -> dict[str, ContainerNames]:
+    """A sandbox's own (pause) container has a cgroup but is not in ListContainers: it gets its pod's names
+    with an empty container name, so that it does not look unknown on every cycle."""
+    return {s.id: ContainerNames(s.metadata.namespace, s.metadata.name, "") for s in sandboxes}
+
+
 class RuntimeNames:
     def __init__(self, socket_path: Path, refresh_seconds: float = 10.0, timeout_seconds: float = 2.0, clock=time.monotonic):
         self.socket_path = Path(socket_path)
@@ -55,6 +61,7 @@ class RuntimeNames:
         self.error: str | None = None
         self._names: dict[str, ContainerNames] = {}
         self._at: float | None = None
+        self._asked: set[str] = set()
         self._client = None
 
     def _stub(self):
@@ -70,9 +77,14 @@ class RuntimeNames:
     def names(self, known_ids: Iterable[str] = ()) -> dict[str, ContainerNames]:
         """Cached names; refreshed when older than ``refresh_seconds`` or when a container id is unknown
         (a new container gets its names in the same cycle it first appears)."""
+        known_ids = list(known_ids)
         now = self.clock()
         stale = self._at is None or now - self._at >= self.refresh_seconds
-        unknown = any(cid not in self._names for cid in known_ids)
+        # An id the runtime did not know at the last refresh (another runtime's container) waits for the
+        # periodic refresh; only ids never asked about trigger an early one.
+        unknown = any(cid not in self._names and cid not in self._asked for cid in known_ids)
+        if unknown:
+            self._asked.update(known_ids)
         if not (stale or (unknown and now - (self._at or 0) >= 1.0)):
             return self._names
         try:
@@ -103,7 +115,9 @@ class RuntimeNames:
             self.error = msg
             self._at = now
             return
-        self._names = names_from(cs, ps)
+        self._names = {**sandbox_names(ps), **names_from(cs, ps)}
+        if len(self._asked) > 4 * max(64, len(self._names)):
+            self._asked.clear()  # churn: keep the set bounded (forgotten ids may trigger one early refresh)
         self._at = now
         self.error = None
 
