@@ -6,6 +6,7 @@ milliCPU*1024/1000 (at least 2), quota = milliCPU*period/1000 with period 100000
 
 from __future__ import annotations
 
+import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -167,3 +168,22 @@ class Kubelet:
                 self.stop_remove_pod(pod)
             except grpc.RpcError:
                 pass
+
+    def remove_all_pods(self, attempts: int = 10) -> list[str]:
+        """Stop and remove every sandbox the runtime still lists (what a test's own cleanup missed, e.g. a
+        RemovePodSandbox that failed while its containers were still exiting), retrying briefly.
+        Returns the ids that could not be removed."""
+        left: list[str] = []
+        for _ in range(attempts):
+            left = []
+            for sb in self.c.runtime.ListPodSandbox(pb.ListPodSandboxRequest(), timeout=self.c.timeout).items:
+                try:
+                    self.c.runtime.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=sb.id), timeout=self.c.timeout)
+                    self.c.runtime.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=sb.id),
+                                                    timeout=self.c.timeout)
+                except grpc.RpcError:
+                    left.append(sb.id)
+            if not left:
+                return []
+            time.sleep(0.5)
+        return left
