@@ -6,6 +6,7 @@ The C loops (tests/integration/workloads/*.c) are compiled here with gcc; the BP
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -69,11 +70,16 @@ def binaries(tmp_path_factory):
 
 
 class Workload:
-    def __init__(self, argv: list[str], cgroup: RealCgroup):
+    """A process in its own real cgroup; ``cpu`` pins it there (after joining the cgroup: a v1 cpuset attach
+    resets the affinity), so that workloads sharing a CPU must take turns and switch context predictably."""
+
+    def __init__(self, argv: list[str], cgroup: RealCgroup, cpu: int | None = None):
         self.cgroup = cgroup.create()
         self.proc = subprocess.Popen(argv)
         try:
             cgroup.add(self.proc.pid)
+            if cpu is not None:
+                os.sched_setaffinity(self.proc.pid, {cpu})
         except Exception:
             self.stop()
             raise
@@ -88,11 +94,12 @@ class Workload:
 @pytest.fixture
 def three_loops(avx512_host, binaries):
     started: dict[str, Workload] = {}
+    cpu = min(os.sched_getaffinity(0))  # one CPU: the loops take turns, so each switches context often
     try:
         for name, argv in (("avx512", [str(binaries / "avx512_loop"), str(RUN_SECONDS)]),
                            ("scalar", [str(binaries / "scalar_loop"), str(RUN_SECONDS)]),
                            ("python", [sys.executable, "-c", PY_LOOP, str(RUN_SECONDS)])):
-            started[name] = Workload(argv, RealCgroup())
+            started[name] = Workload(argv, RealCgroup(), cpu)
         yield started
     finally:
         for w in started.values():
@@ -149,16 +156,20 @@ def test_agent_reports_avx512_only_for_the_avx512_loop(tmp_path, three_loops):
 
 def test_pid_attribution_on_v1_cgroups_keeps_counters_monotonic(avx512_host, binaries):
     """v1-only attribution (per process, /proc/<pid>/cgroup), exercised on this host's real v1 hierarchy with
-    the containers kept out of the v2 tree; then the AVX-512 process exits and its counts must stay."""
+    the containers kept out of the v2 tree; then the AVX-512 process exits and its counts must stay.
+
+    Both loops are pinned to one CPU so that they take turns: two busy loops on two otherwise idle CPUs may
+    run for seconds without a single context switch, and a switch is what the collector counts."""
     paths = Paths()
     cfg = Avx512CollectorConfig(interval_seconds=0.5, window_seconds=2.0, attribution="pid", map_entries=4096)
     col = Avx512Collector(cfg, paths, discover(paths.sysfs))
+    cpu = min(os.sched_getaffinity(0))
     avx = scalar = None
     try:
         probe = col.probe()
         assert probe.ok and probe.reason == "libbpf; attribution by pid", probe
-        avx = Workload([str(binaries / "avx512_loop"), "3"], RealCgroup(unified=False))
-        scalar = Workload([str(binaries / "scalar_loop"), str(RUN_SECONDS)], RealCgroup(unified=False))
+        avx = Workload([str(binaries / "avx512_loop"), str(RUN_SECONDS)], RealCgroup(unified=False), cpu)
+        scalar = Workload([str(binaries / "scalar_loop"), str(RUN_SECONDS)], RealCgroup(unified=False), cpu)
         cid_avx, cid_scalar = avx.cgroup.container_id, scalar.cgroup.container_id
 
         def by_container(ss, metric):
@@ -168,15 +179,19 @@ def test_pid_attribution_on_v1_cgroups_keeps_counters_monotonic(avx512_host, bin
         while True:
             ss = col.collect(time.time())
             sw = by_container(ss, "cri_resmgr_container_context_switches_total")
-            if sw.get(cid_avx, 0) >= 30 and sw.get(cid_scalar, 0) >= 30 or time.time() > deadline:
+            if sw.get(cid_avx, 0) >= 30 and sw.get(cid_scalar, 0) >= 30:
                 break
+            assert time.time() < deadline, f"fewer than 30 context switches in 20 s: {sw}"
             time.sleep(0.5)
+        time.sleep(cfg.window_seconds)  # a full window of samples with both loops taking turns
+        ss = col.collect(time.time())
         ratio = by_container(ss, "cri_resmgr_container_avx512_ratio")
         assert ratio[cid_avx] >= 0.5 and ratio[cid_scalar] <= 0.05, (ratio, sw)
         before = by_container(ss, "cri_resmgr_container_avx512_switches_total")[cid_avx]
         pid = avx.proc.pid
         assert any(k.tgid == pid for k in col.source.read().counts)
-        avx.proc.wait(10)  # the 3 s loop ends by itself; its cgroup stays
+        avx.proc.terminate()  # the process exits; its cgroup stays
+        avx.proc.wait(10)
         ss = col.collect(time.time())
         assert not any(k.tgid == pid for k in col.source.read().counts)  # retired from the map
         after = by_container(ss, "cri_resmgr_container_avx512_switches_total")[cid_avx]
