@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import cramjam
+import numpy as np
 import httpx
 
 from .. import __version__
@@ -140,10 +141,8 @@ class StoreCursor:
                 if first > start:
                     lost += (first - start) * n_cols  # upper bound: those rows' non-empty columns are unknown
                 keys = tab.keys
-                for s in range(first, tab.seq):
-                    row = (tab.head - (tab.seq - s)) % tab.capacity
-                    ts_ms = int(round(float(tab.ts[row]) * 1000))
-                    vals = tab.vals[row, :n_cols].tolist()
+                ts, V = tab.rows(first, tab.seq, np.arange(n_cols))
+                for ts_ms, vals in zip(np.rint(ts * 1000).astype(np.int64).tolist(), V.tolist()):
                     for col, v in enumerate(vals):
                         if v != v:  # NaN: series not written in this row
                             continue

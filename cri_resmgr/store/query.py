@@ -175,12 +175,23 @@ def aggregate_matrix(ts: np.ndarray, V: np.ndarray, times: np.ndarray, step: flo
         if not nonempty.any():
             return out
         idx_lo, idx_hi = lo[nonempty], hi[nonempty]
-        Z = np.where(valid, V, 0.0)
-        sums = np.add.reduceat(Z, idx_lo, axis=0)
-        cnt = np.add.reduceat(valid.astype(np.int32), idx_lo, axis=0)
-        if idx_hi[-1] < len(ts):
-            sums[-1] = Z[idx_lo[-1]:idx_hi[-1]].sum(axis=0)
-            cnt[-1] = valid[idx_lo[-1]:idx_hi[-1]].sum(axis=0)
+        if V.flags.f_contiguous and not V.flags.c_contiguous:
+            # The store hands out column-major matrices (it decodes a column at a time): reduce along
+            # each column's contiguous run instead of across strided rows.
+            Vt, validt = V.T, valid.T
+            Zt = np.where(validt, Vt, 0.0)
+            sums = np.add.reduceat(Zt, idx_lo, axis=1).T
+            cnt = np.add.reduceat(validt.astype(np.int32), idx_lo, axis=1).T
+            if idx_hi[-1] < len(ts):
+                sums[-1] = Zt[:, idx_lo[-1]:idx_hi[-1]].sum(axis=1)
+                cnt[-1] = validt[:, idx_lo[-1]:idx_hi[-1]].sum(axis=1)
+        else:
+            Z = np.where(valid, V, 0.0)
+            sums = np.add.reduceat(Z, idx_lo, axis=0)
+            cnt = np.add.reduceat(valid.astype(np.int32), idx_lo, axis=0)
+            if idx_hi[-1] < len(ts):
+                sums[-1] = Z[idx_lo[-1]:idx_hi[-1]].sum(axis=0)
+                cnt[-1] = valid[idx_lo[-1]:idx_hi[-1]].sum(axis=0)
         with np.errstate(invalid="ignore", divide="ignore"):
             res = sums if agg == "sum" else sums / cnt
         out[nonempty] = np.where(cnt > 0, res, np.nan)

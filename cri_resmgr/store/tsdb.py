@@ -1,10 +1,12 @@
 """Embedded time-series store: numpy ring buffers grouped into tables.
 
-A *table* holds the series written together by one source (a collector run): one ring of timestamps
-shared by all its series, and a 2-D ring of values (rows = time, columns = series). Sharing the time
-axis keeps a sample at ~8 bytes and turns a collector's write and a heatmap's read into vector
-operations. A series that is not written in a row holds NaN there. Columns whose series have not been
-written for a whole retention period are reused.
+A *table* holds the series written together by one source (a collector run): rows of one timestamp and
+one value per series (columns). Sharing the time axis turns a collector's write and a heatmap's read into
+vector operations. The newest rows sit uncompressed in a "hot" block that takes the writes; every
+``BLOCK_ROWS`` rows it is sealed into a compressed :class:`Block` (lossless XOR coding per column, see
+there), so a stored sample takes a few bytes instead of eight. Rows older than the retention are dropped
+a block at a time (and hidden from reads row by row). A series that is not written in a row holds NaN
+there. Columns whose series have not been written for a whole retention period are reused.
 
 Thread safety: one lock per store; writes are short (a row assignment), queries copy what they read.
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import math
 import threading
+from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
@@ -41,33 +44,247 @@ class SeriesRef:
         return dict(self.labels)
 
 
+# -- compressed blocks ------------------------------------------------------------------------------
+_BYTE_SHIFTS = (np.arange(8, dtype=np.uint64) * np.uint64(8))
+
+
+class Block:
+    """``n`` sealed rows of a table, compressed losslessly column by column.
+
+    Each column is stored as its first value and then the XOR of every value with the one before it (the
+    idea of Gorilla, Pelkonen et al., VLDB 2015), but vectorised: per column, only the byte range in which
+    any of those XORs differs from zero is kept (``width`` bytes from byte ``shift``), so a constant series
+    costs nothing, an integer-valued counter or gauge a few bytes, and a noisy float about seven. Columns
+    with the same (shift, width) share one group whose payload is laid out as byte planes, column by column
+    (``planes[g, j, row]`` is byte ``shift + j`` of row ``row + 1``'s XOR; a group of all 8 bytes keeps the
+    XORs as uint64), so that decoding writes whole planes into the right byte of a uint64 view and one XOR
+    scan restores the values.
+    Timestamps, shared by all columns, are kept as they are.
+    """
+
+    __slots__ = ("seq0", "n", "t_first", "t_last", "ncols", "ts", "first", "gid", "pos", "groups")
+
+    def __init__(self, seq0: int, ts: np.ndarray, vals: np.ndarray):
+        if not np.little_endian:  # pragma: no cover - x86 and arm64 hosts are little-endian
+            raise RuntimeError("the store's block codec assumes a little-endian host")
+        self.seq0 = seq0
+        self.n = len(ts)
+        self.ts = np.array(ts, dtype=np.float64)
+        self.t_first, self.t_last = float(self.ts[0]), float(self.ts[-1])
+        self.ncols = vals.shape[1]
+        self.first, self.gid, self.pos, self.groups = _encode(vals)
+
+    def nbytes(self) -> int:
+        return (self.ts.nbytes + self.first.nbytes + self.gid.nbytes + self.pos.nbytes
+                + sum(p.nbytes for _, _, p in self.groups))
+
+    def times(self) -> np.ndarray:
+        return self.ts
+
+    def width_of(self, col: int) -> int:
+        """Bytes kept per row for a column (0: constant over the block, or never written)."""
+        g = int(self.gid[col])
+        return 0 if g < 0 else self.groups[g][1]
+
+    def columns(self, cols: np.ndarray) -> np.ndarray:
+        """Values of ``cols`` (n × len(cols)); a column added after the block was sealed reads NaN."""
+        out = np.empty((len(cols), self.n))
+        self.decode_into(np.asarray(cols, dtype=np.int64), out)
+        return out.T
+
+    def column_into(self, col: int, out: np.ndarray) -> None:
+        """One column's values into ``out`` (float64, n, contiguous): the single-series read."""
+        x = out.view(np.uint64)
+        if col >= self.ncols:
+            out[:] = np.nan
+            return
+        g = int(self.gid[col])
+        if g < 0:  # constant over the block
+            x[:] = self.first[col]
+            return
+        s, w, planes = self.groups[g]
+        p = planes[self.pos[col]]
+        x[0] = self.first[col]
+        if w == 8:
+            x[1:] = p
+        else:
+            x[1:] = 0
+            xb = x.view(np.uint8).reshape(self.n, 8)
+            for j in range(w):
+                xb[1:, s + j] = p[j]
+        np.bitwise_xor.accumulate(x, out=x)
+
+    def decode_into(self, cols: np.ndarray, out: np.ndarray) -> None:
+        """Write the values of ``cols`` into ``out`` (float64, len(cols) × n, rows contiguous): one row per
+        column, as the byte planes are laid out."""
+        inside = cols < self.ncols
+        if inside.all():
+            _decode(self, cols, out)
+        else:
+            out[:] = np.nan
+            if inside.any():
+                tmp = np.empty((int(inside.sum()), self.n))
+                _decode(self, cols[inside], tmp)
+                out[inside] = tmp
+
+    # -- checkpoint form: flat arrays plus a little JSON ---------------------------------------------
+    def to_arrays(self, prefix: str) -> tuple[dict[str, np.ndarray], dict]:
+        arrays = {f"{prefix}ts": self.ts, f"{prefix}first": self.first, f"{prefix}gid": self.gid,
+                  f"{prefix}pos": self.pos}
+        for g, (_, _, planes) in enumerate(self.groups):
+            arrays[f"{prefix}g{g}"] = planes
+        meta = {"seq0": self.seq0, "n": self.n, "ncols": self.ncols,
+                "groups": [[int(s), int(w)] for s, w, _ in self.groups]}
+        return arrays, meta
+
+    @classmethod
+    def from_arrays(cls, arrays, prefix: str, meta: dict) -> "Block":
+        """Inverse of :meth:`to_arrays`; raises ValueError on arrays that do not fit together."""
+        b = cls.__new__(cls)
+        b.seq0, b.n, b.ncols = int(meta["seq0"]), int(meta["n"]), int(meta["ncols"])
+        b.ts = np.asarray(arrays[f"{prefix}ts"])
+        b.first, b.gid, b.pos = (np.asarray(arrays[f"{prefix}{k}"]) for k in ("first", "gid", "pos"))
+        if b.n < 1 or b.ts.shape != (b.n,) or b.ts.dtype != np.float64:
+            raise ValueError(f"block {prefix}: {b.ts.shape} timestamps for {b.n} rows")
+        if not (b.first.shape == b.gid.shape == b.pos.shape == (b.ncols,)) or b.first.dtype != np.uint64 \
+                or b.gid.dtype != np.int16 or b.pos.dtype != np.int32:
+            raise ValueError(f"block {prefix}: column arrays do not match {b.ncols} columns")
+        b.groups = []
+        for g, (s, w) in enumerate(meta["groups"]):
+            planes = np.asarray(arrays[f"{prefix}g{g}"])
+            members = b.gid == g
+            k = int(members.sum())
+            shape, dtype = ((k, b.n - 1), np.uint64) if w == 8 else ((k, w, b.n - 1), np.uint8)
+            if not (0 <= s and 1 <= w and s + w <= 8) or planes.shape != shape or planes.dtype != dtype:
+                raise ValueError(f"block {prefix}: group {g} (bytes {s}+{w}) has payload shape {planes.shape}")
+            if k and not np.array_equal(np.sort(b.pos[members]), np.arange(k)):
+                raise ValueError(f"block {prefix}: group {g}: column positions out of range")
+            b.groups.append((int(s), int(w), planes))
+        if (b.gid >= len(b.groups)).any() or (b.gid < -1).any():
+            raise ValueError(f"block {prefix}: a column names a group that does not exist")
+        b.t_first, b.t_last = float(b.ts[0]), float(b.ts[-1])
+        return b
+
+
+def _encode(vals: np.ndarray):
+    x = np.ascontiguousarray(vals, dtype=np.float64).view(np.uint64)
+    n, c = x.shape
+    first = x[0].copy()
+    gid = np.full(c, -1, dtype=np.int16)
+    pos = np.zeros(c, dtype=np.int32)
+    groups: list[tuple[int, int, np.ndarray]] = []
+    if n == 1 or c == 0:
+        return first, gid, pos, groups
+    d = x[1:] ^ x[:-1]  # (n-1, c)
+    acc = np.bitwise_or.reduce(d, axis=0)
+    nz = ((acc[:, None] >> _BYTE_SHIFTS) & np.uint64(0xFF)) != 0  # (c, 8): bytes in which some XOR is set
+    anyset = nz.any(axis=1)
+    lo = np.argmax(nz, axis=1)
+    width = np.where(anyset, 8 - np.argmax(nz[:, ::-1], axis=1) - lo, 0)
+    code = np.where(anyset, lo * 9 + width, -1)
+    b = d.view(np.uint8).reshape(n - 1, c, 8)  # little-endian: byte 0 is the least significant
+    for k in np.unique(code):
+        if k < 0:
+            continue
+        s, w = divmod(int(k), 9)
+        cols = np.flatnonzero(code == k)
+        gid[cols] = len(groups)
+        pos[cols] = np.arange(len(cols), dtype=np.int32)
+        if w == 8:  # all bytes: the XORs as they are, (g, n-1) uint64
+            groups.append((s, w, np.ascontiguousarray(d[:, cols].T)))
+        else:
+            groups.append((s, w, np.ascontiguousarray(b[:, cols, s:s + w].transpose(1, 2, 0))))  # (g, w, n-1)
+    return first, gid, pos, groups
+
+
+def _decode(b: Block, cols: np.ndarray, out: np.ndarray) -> None:
+    n, k = b.n, len(cols)
+    x = out.view(np.uint64)  # (k, n); rows may be slices of a longer matrix
+    x[:] = 0
+    x[:, 0] = b.first[cols]
+    if n > 1 and b.groups:
+        xb = x.view(np.uint8).reshape(k, n, 8)
+        gid = b.gid[cols]
+        if k == 1:
+            g = int(gid[0])
+            if g >= 0:
+                s, w, planes = b.groups[g]
+                p = planes[b.pos[cols[0]]]
+                if w == 8:
+                    x[0, 1:] = p
+                else:
+                    for j in range(w):
+                        xb[0, 1:, s + j] = p[j]
+        else:
+            for g in np.unique(gid):
+                if g < 0:
+                    continue
+                s, w, planes = b.groups[g]
+                sel = np.flatnonzero(gid == g)
+                src = planes[b.pos[cols[sel]]]  # (len(sel), w, n-1), or (len(sel), n-1) for w = 8
+                if w == 8:
+                    x[sel, 1:] = src
+                elif len(sel) == k:
+                    for j in range(w):
+                        xb[:, 1:, s + j] = src[:, j, :]
+                else:
+                    for j in range(w):
+                        xb[sel, 1:, s + j] = src[:, j, :]
+    np.bitwise_xor.accumulate(x, axis=1, out=x)
+
+
+BLOCK_ROWS = 256  # rows per sealed block; the newest rows (up to this many) stay uncompressed
+
+
 class Table:
-    def __init__(self, name: str, capacity: int, columns: int = 16):
+    """The rows of one source. Rows are numbered by ``seq`` (rows ever written); the newest ``capacity`` rows
+    are kept: up to ``block_rows`` of them in an uncompressed "hot" block (float64 rows × columns) that
+    takes the writes, the older ones in sealed, compressed :class:`Block` s."""
+
+    def __init__(self, name: str, capacity: int, columns: int = 16, block_rows: int = BLOCK_ROWS):
         if capacity < 2:
             raise ValueError("table capacity must be at least 2 rows")
         self.name = name
         self.capacity = capacity
-        self.ts = np.zeros(capacity, dtype=np.float64)
-        self.vals = np.full((capacity, max(columns, 1)), np.nan, dtype=np.float64)
-        self.head = 0  # next row to write
-        self.count = 0  # rows filled (≤ capacity)
+        self.block_rows = max(2, min(block_rows, capacity))
+        ncols = max(columns, 1)
+        self.hot_ts = np.zeros(self.block_rows, dtype=np.float64)
+        self.hot_vals = np.full((self.block_rows, ncols), np.nan, dtype=np.float64)
+        self.hot_n = 0
+        self.blocks: deque[Block] = deque()
         self.seq = 0  # rows ever written
         self.keys: list[tuple[str, Labels] | None] = []
         self.col_of: dict[tuple[str, Labels], int] = {}
-        self.last_seq = np.full(self.vals.shape[1], -1, dtype=np.int64)  # seq of a column's last write
+        self.last_seq = np.full(ncols, -1, dtype=np.int64)  # seq of a column's last write
+        self.last_val = np.full(ncols, np.nan)  # value of that write
+        self.last_t = np.full(ncols, np.nan)  # and its time
+        self.since = np.zeros(ncols, dtype=np.int64)  # seq from which a column holds its current series
         self.free: list[int] = []
         self.generation = 0  # bumped whenever columns are reclaimed
         self.fast_col: dict[tuple, int] = {}
 
+    @property
+    def count(self) -> int:
+        """Rows kept (≤ capacity)."""
+        return min(self.seq, self.capacity)
+
+    @property
+    def floor(self) -> int:
+        """seq of the oldest row kept."""
+        return self.seq - self.count
+
     # -- columns -----------------------------------------------------------------------------------
     def _grow(self) -> None:
-        old = self.vals.shape[1]
-        vals = np.full((self.capacity, old * 2), np.nan, dtype=np.float64)
-        vals[:, :old] = self.vals
-        self.vals = vals
-        last = np.full(old * 2, -1, dtype=np.int64)
-        last[:old] = self.last_seq
-        self.last_seq = last
+        old = self.hot_vals.shape[1]
+        new = old * 2
+        vals = np.full((self.block_rows, new), np.nan, dtype=np.float64)
+        vals[:, :old] = self.hot_vals
+        self.hot_vals = vals
+        for name, fill, dtype in (("last_seq", -1, np.int64), ("last_val", np.nan, np.float64),
+                                  ("last_t", np.nan, np.float64), ("since", 0, np.int64)):
+            a = np.full(new, fill, dtype=dtype)
+            a[:old] = getattr(self, name)
+            setattr(self, name, a)
 
     def column(self, key: tuple[str, Labels]) -> tuple[int, bool]:
         col = self.col_of.get(key)
@@ -78,11 +295,13 @@ class Table:
             self.keys[col] = key
         else:
             col = len(self.keys)
-            if col >= self.vals.shape[1]:
+            if col >= self.hot_vals.shape[1]:
                 self._grow()
             self.keys.append(key)
-        self.vals[:, col] = np.nan
+        self.hot_vals[:, col] = np.nan
         self.last_seq[col] = -1
+        self.last_val[col] = self.last_t[col] = np.nan
+        self.since[col] = self.seq  # older rows of this column belonged to another series
         self.col_of[key] = col
         return col, True
 
@@ -103,33 +322,126 @@ class Table:
 
     # -- rows --------------------------------------------------------------------------------------
     def write_row(self, t: float, cols: np.ndarray, values: np.ndarray) -> None:
-        row = self.head
-        self.ts[row] = t
-        self.vals[row, :] = np.nan
-        self.vals[row, cols] = values
+        if self.hot_n == self.block_rows:
+            self._seal()
+        row = self.hot_n
+        self.hot_ts[row] = t
+        self.hot_vals[row, :] = np.nan
+        self.hot_vals[row, cols] = values
         self.last_seq[cols] = self.seq
+        self.last_val[cols] = values
+        self.last_t[cols] = t
         self.seq += 1
-        self.head = (row + 1) % self.capacity
-        self.count = min(self.count + 1, self.capacity)
+        self.hot_n = row + 1
+        floor = self.floor
+        while self.blocks and self.blocks[0].seq0 + self.blocks[0].n <= floor:
+            self.blocks.popleft()
 
-    def order(self) -> np.ndarray:
-        """Row indices oldest → newest."""
-        if self.count < self.capacity:
-            return np.arange(self.count)
-        return (np.arange(self.capacity) + self.head) % self.capacity
+    def _seal(self) -> None:
+        n = self.hot_n
+        ncols = len(self.keys)
+        self.blocks.append(Block(self.seq - n, self.hot_ts[:n], self.hot_vals[:n, :ncols]))
+        self.hot_n = 0
 
-    def window(self, start: float, end: float) -> np.ndarray:
-        """Row indices with start ≤ ts ≤ end, oldest first (timestamps are written in order)."""
-        rows = self.order()
-        ts = self.ts[rows]
-        lo = np.searchsorted(ts, start, side="left")
-        hi = np.searchsorted(ts, end, side="right")
-        return rows[lo:hi]
-
-    def last_row(self) -> int | None:
-        if self.count == 0:
+    def last_time(self) -> float | None:
+        if self.seq == 0:
             return None
-        return (self.head - 1) % self.capacity
+        if self.hot_n:
+            return float(self.hot_ts[self.hot_n - 1])
+        return self.blocks[-1].t_last
+
+    def first_time(self) -> float | None:
+        if self.seq == 0:
+            return None
+        ts, _ = self.rows(self.floor, self.floor + 1, np.zeros(0, dtype=np.int64))
+        return float(ts[0])
+
+    def _segments(self):
+        """(seq0, n, block) oldest first for every stored run of rows; block None for the hot rows."""
+        for b in self.blocks:
+            yield b.seq0, b.n, b
+        if self.hot_n:
+            yield self.seq - self.hot_n, self.hot_n, None
+
+    def seq_range_of_time(self, start: float, end: float) -> tuple[int, int]:
+        """[lo, hi) seqs of kept rows with start ≤ t ≤ end (times are written in order). Only the two
+        segments holding the ends are searched."""
+        floor = self.floor
+        segs = [(seq0, n, b) for seq0, n, b in self._segments() if seq0 + n > floor]
+        if not segs or end < start:
+            return 0, 0
+
+        def times(seg):
+            seq0, n, b = seg
+            ts = b.ts if b is not None else self.hot_ts[:n]
+            skip = max(0, floor - seq0)
+            return seq0 + skip, ts[skip:]
+
+        lo = None
+        for seg in segs:  # the first row with t >= start
+            last = seg[2].t_last if seg[2] is not None else self.hot_ts[seg[1] - 1]
+            if last >= start:
+                base, ts = times(seg)
+                lo = base + int(np.searchsorted(ts, start, side="left"))
+                break
+        hi = None
+        for seg in reversed(segs):  # one past the last row with t <= end
+            base, ts = times(seg)
+            if ts[0] <= end:
+                hi = base + int(np.searchsorted(ts, end, side="right"))
+                break
+        if lo is None or hi is None or hi <= lo:
+            return 0, 0
+        return lo, hi
+
+    def rows(self, lo: int, hi: int, cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Times and values of ``cols`` for the rows with lo ≤ seq < hi (clipped to the kept rows), NaN where
+        a series was not written."""
+        cols = np.asarray(cols, dtype=np.int64)
+        lo = max(lo, self.floor)
+        hi = min(hi, self.seq)
+        if hi <= lo:
+            return np.empty(0), np.empty((0, len(cols)))
+        k = len(cols)
+        ts = np.empty(hi - lo)
+        Vt = np.empty((k, hi - lo))  # column-major while filling: blocks decode one column per row
+        off = 0
+        for seq0, n, b in self._segments():
+            a, z = max(lo, seq0) - seq0, min(hi, seq0 + n) - seq0
+            if z <= a:
+                continue
+            m = z - a
+            if b is None:
+                ts[off:off + m] = self.hot_ts[a:z]
+                if k:
+                    Vt[:, off:off + m] = self.hot_vals[a:z][:, cols].T
+            else:
+                ts[off:off + m] = b.ts[a:z]
+                if k == 1 and m == n:
+                    b.column_into(int(cols[0]), Vt[0, off:off + m])
+                elif k and m == n:
+                    b.decode_into(cols, Vt[:, off:off + m])
+                elif k:
+                    tmp = np.empty((k, n))
+                    b.decode_into(cols, tmp)
+                    Vt[:, off:off + m] = tmp[:, a:z]
+            off += m
+        V = Vt.T
+        if k:
+            since = self.since[cols]
+            if (since > lo).any():  # a reused column: rows before its series began are not its
+                seqs = np.arange(lo, hi)
+                V[seqs[:, None] < since[None, :]] = np.nan
+        return ts, V
+
+    def read(self, start: float, end: float, cols) -> tuple[np.ndarray, np.ndarray]:
+        lo, hi = self.seq_range_of_time(start, end)
+        return self.rows(lo, hi, np.asarray(cols, dtype=np.int64))
+
+    def nbytes(self) -> int:
+        """Bytes the table's rows take (hot block, sealed blocks and per-column state)."""
+        per_col = self.last_seq.nbytes + self.last_val.nbytes + self.last_t.nbytes + self.since.nbytes
+        return self.hot_ts.nbytes + self.hot_vals.nbytes + per_col + sum(b.nbytes() for b in self.blocks)
 
 
 @dataclass(frozen=True)
@@ -155,6 +467,9 @@ class Store:
         self.max_series = max_series
         self.tables: dict[str, Table] = {}
         self.index: dict[str, dict[Labels, SeriesRef]] = {}
+        # per metric: label pair -> series keys, built on first select and dropped when the metric's
+        # series change (see _touch)
+        self._inverted: dict[str, dict[tuple[str, str], set[Labels]]] = {}
         self.dropped_samples = 0
         self._series = 0
         self._lock = threading.RLock()
@@ -172,10 +487,10 @@ class Store:
         """Write one row: every sample of ``samples`` at time ``t`` into ``table``."""
         with self._lock:
             tab = self.table(table, interval_seconds)
-            last = tab.last_row()
-            if last is not None and t <= tab.ts[last]:
+            last = tab.last_time()
+            if last is not None and t <= last:
                 # Time must advance within a table (wall clock stepped back?): keep order by nudging.
-                t = float(np.nextafter(tab.ts[last], np.inf))
+                t = float(np.nextafter(last, np.inf))
             cols: list[int] = []
             vals: list[float] = []
             fast = tab.fast_col  # (metric, labels as given) -> column: skips sorting for known series
@@ -192,6 +507,7 @@ class Store:
                             continue
                         col, _ = tab.column(key)
                         self.index.setdefault(s.metric, {})[lk] = SeriesRef(s.metric, lk, table, col)
+                        self._inverted.pop(s.metric, None)
                         self._series += 1
                     fast[fk] = col
                 cols.append(col)
@@ -215,6 +531,7 @@ class Store:
                         continue
                     col, _ = tab.column((metric, lk))
                     self.index.setdefault(metric, {})[lk] = SeriesRef(metric, lk, table, col)
+                    self._inverted.pop(metric, None)
                     self._series += 1
                 cols.append(col)
             return RowHandle(table, np.asarray(cols, dtype=np.int64), tab.generation, list(keys), interval_seconds)
@@ -226,9 +543,9 @@ class Store:
             if tab is None or tab.generation != handle.generation:
                 handle = self.prepare(handle.table, handle.keys, handle.interval_seconds)
                 tab = self.tables[handle.table]
-            last = tab.last_row()
-            if last is not None and t <= tab.ts[last]:
-                t = float(np.nextafter(tab.ts[last], np.inf))
+            last = tab.last_time()
+            if last is not None and t <= last:
+                t = float(np.nextafter(last, np.inf))
             values = np.asarray(values, dtype=np.float64)
             ok = handle.cols >= 0
             if not ok.all():
@@ -241,6 +558,7 @@ class Store:
     def _reclaim(self, tab: Table) -> None:
         for metric, lk in tab.reclaim():
             series = self.index.get(metric)
+            self._inverted.pop(metric, None)
             if series and lk in series:
                 del series[lk]
                 self._series -= 1
@@ -257,35 +575,40 @@ class Store:
             return sorted(self.index)
 
     def select(self, metric: str, matchers: Iterable["Matcher"] = ()) -> list[SeriesRef]:
+        """Series of ``metric`` matching all ``matchers``, in the order they were first written. Equality
+        matchers are answered from an inverted index; the others are tried on each remaining series."""
         matchers = list(matchers)
+        eq = [m for m in matchers if m.op == "=" and m.value != ""]  # ="" also matches a missing label
+        rest = [m for m in matchers if not (m.op == "=" and m.value != "")]
         with self._lock:
-            refs = list(self.index.get(metric, {}).values())
-        return [r for r in refs if all(m.matches(r.label_dict) for m in matchers)]
+            series = self.index.get(metric, {})
+            if eq:
+                inv = self._inverted.get(metric)
+                if inv is None:
+                    inv = self._inverted[metric] = {}
+                    for lk in series:
+                        for pair in lk:
+                            inv.setdefault(pair, set()).add(lk)
+                cand = set.intersection(*(inv.get((m.label, m.value), set()) for m in eq))
+                refs = [r for lk, r in series.items() if lk in cand] if cand else []
+            else:
+                refs = list(series.values())
+        if not rest:
+            return refs
+        return [r for r in refs if all(m.matches(r.label_dict) for m in rest)]
 
     def raw(self, ref: SeriesRef, start: float, end: float) -> tuple[np.ndarray, np.ndarray]:
         """Samples of one series with start ≤ t ≤ end, NaN (not written) removed."""
         with self._lock:
-            tab = self.tables[ref.table]
-            rows = tab.window(start, end)
-            ts = tab.ts[rows]
-            vs = tab.vals[rows, ref.col]
+            ts, V = self.tables[ref.table].read(start, end, [ref.col])
+        vs = V[:, 0]
         ok = ~np.isnan(vs)
         return ts[ok], vs[ok]
 
     def raw_matrix(self, table: str, cols: list[int], start: float, end: float) -> tuple[np.ndarray, np.ndarray]:
         """Rows with start ≤ t ≤ end of several columns of one table: (ts, values[rows, cols]), NaN kept."""
-        cols_a = np.asarray(cols, dtype=np.int64)
         with self._lock:
-            tab = self.tables[table]
-            rows = tab.window(start, end)
-            if len(rows) == 0:
-                return tab.ts[rows], np.empty((0, len(cols_a)))
-            # The window is at most two contiguous runs of the ring: slice them instead of fancy-indexing rows.
-            brk = np.flatnonzero(np.diff(rows) != 1)
-            runs = np.split(rows, brk + 1)
-            ts = np.concatenate([tab.ts[r[0]:r[-1] + 1] for r in runs])
-            V = np.concatenate([tab.vals[r[0]:r[-1] + 1, cols_a] for r in runs])
-            return ts, V
+            return self.tables[table].read(start, end, cols)
 
     def latest_vectors(self, max_age_rows: int = 0) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         """Per table: (live mask, latest value) for every column, computed as vectors."""
@@ -298,8 +621,7 @@ class Store:
                 last = tab.last_seq[:n]
                 age = tab.seq - 1 - last
                 live = (last >= 0) & (age <= max_age_rows) & (age < tab.count)
-                rows = (tab.head - 1 - np.where(live, age, 0)) % tab.capacity
-                out[name] = (live, tab.vals[rows, np.arange(n)])
+                out[name] = (live, tab.last_val[:n].copy())
         return out
 
     def latest(self, metric: str | None = None, max_age_rows: int = 0) -> list[tuple[SeriesRef, float, float]]:
@@ -310,11 +632,9 @@ class Store:
             for m in metrics:
                 for ref in self.index.get(m, {}).values():
                     tab = self.tables[ref.table]
-                    last = tab.last_row()
-                    if last is None or tab.last_seq[ref.col] < tab.seq - 1 - max_age_rows:
+                    if tab.seq == 0 or tab.last_seq[ref.col] < tab.seq - 1 - max_age_rows:
                         continue
-                    row = (tab.head - 1 - (tab.seq - 1 - tab.last_seq[ref.col])) % tab.capacity
-                    out.append((ref, float(tab.ts[row]), float(tab.vals[row, ref.col])))
+                    out.append((ref, float(tab.last_t[ref.col]), float(tab.last_val[ref.col])))
         return out
 
     def span(self) -> tuple[float, float] | None:
@@ -323,8 +643,7 @@ class Store:
             for tab in self.tables.values():
                 if tab.count == 0:
                     continue
-                order = tab.order()
-                a, b = float(tab.ts[order[0]]), float(tab.ts[order[-1]])
+                a, b = tab.first_time(), tab.last_time()
                 lo = a if lo is None else min(lo, a)
                 hi = b if hi is None else max(hi, b)
             return None if lo is None else (lo, hi)
