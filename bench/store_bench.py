@@ -130,7 +130,7 @@ def main():
 
 def agent_shaped_store(containers: int = 200, rows: int = 3600):
     """What the cgroup collector writes for ``containers`` busy containers over an hour at 1 s: CPU seconds
-    at microsecond resolution, throttling counters, memory usage and working set in pages, a limit that
+    as it computes them (cgroup v2 ``usage_usec`` / 1e6), throttling counters, memory usage and working set in pages, a limit that
     does not change, and an up flag."""
     rng = np.random.default_rng(11)
     s = Store(retention_seconds=rows)
@@ -139,20 +139,20 @@ def agent_shaped_store(containers: int = 200, rows: int = 3600):
     keys = [(f"cri_resmgr_container_{n}", {"container_id": f"{i:064x}", "pod_uid": f"pod-{i}"})
             for n in names for i in range(containers)]
     h = s.prepare("cgroup", keys)
-    cpu = np.zeros(containers)
+    cpu_us = np.zeros(containers, dtype=np.int64)  # the kernel's counters are integers (cpu.stat usage_usec)
     thr_p = np.zeros(containers)
-    thr_s = np.zeros(containers)
+    thr_us = np.zeros(containers, dtype=np.int64)
     mem = rng.integers(1 << 24, 1 << 31, containers).astype(float)
     limit = np.full(containers, float(4 << 30))
     for r in range(rows):
-        cpu += np.round(rng.uniform(0, 0.8, containers), 6)
+        cpu_us += rng.integers(0, 800_000, containers)
         hit = rng.random(containers) < 0.1
         thr_p += hit
-        thr_s += np.where(hit, np.round(rng.uniform(0, 0.05, containers), 6), 0.0)
+        thr_us += np.where(hit, rng.integers(0, 50_000, containers), 0)
         mem += rng.integers(-64, 65, containers) * 4096.0
         ws = mem - rng.integers(0, 256, containers) * 4096.0
         h = s.write(h, 1.7e9 + r + rng.uniform(-0.002, 0.002),
-                    np.concatenate([cpu, thr_p, thr_s, mem, ws, limit, np.ones(containers)]))
+                    np.concatenate([cpu_us / 1e6, thr_p, thr_us / 1e6, mem, ws, limit, np.ones(containers)]))
     return s
 
 

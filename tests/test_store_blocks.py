@@ -45,6 +45,43 @@ def test_block_round_trips_every_kind_of_value_bit_for_bit():
     assert b.width_of(1) < b.width_of(0) <= 8
 
 
+def test_decimal_series_are_delta_coded_and_come_back_bit_for_bit():
+    """Values that are k / 10**d exactly (as the collectors compute CPU seconds from µs or ns counters)
+    are stored as integer steps; anything else, or anything that would not come back exactly, stays XOR."""
+    from cri_resmgr.store.tsdb import _XOR
+
+    rng = np.random.default_rng(9)
+    n = 256
+    ns = np.cumsum(rng.integers(0, 10**9, n))
+    cols = [
+        ns / 1e9,                                              # cgroup v1 cpuacct.usage (ns) in seconds
+        np.cumsum(rng.integers(0, 10**6, n)) / 1e6,             # cgroup v2 usage_usec in seconds
+        (1 << 30) - np.cumsum(rng.integers(0, 64, n)) * 4096.0,  # a falling byte gauge
+        np.cumsum(rng.integers(-5, 6, n)).astype(float),        # steps of both signs
+        np.arange(n, dtype=float) * 3,                          # a steady counter: constant step
+        np.where(np.arange(n) % 2 == 0, -0.0, 0.0),             # -0.0 cannot come back from an integer
+        2.0 ** 60 + np.arange(n) * 2.0 ** 10,                   # beyond 2**53: not delta-coded
+        np.cumsum(rng.integers(0, 100, n)) / 1e3,               # milli
+        np.r_[np.arange(n - 1, dtype=float), np.nan],           # a gap: XOR
+        np.arange(n) * 0.1,                                     # not k/10**d exactly for any d tried
+    ]
+    V = np.stack(cols, axis=1)
+    b = Block(0, np.arange(n, dtype=float), V)
+    assert np.array_equal(bits(b.columns(np.arange(V.shape[1]))), bits(V))
+    for c in range(V.shape[1]):
+        out = np.empty(n)
+        b.column_into(c, out)
+        assert np.array_equal(bits(out), bits(V[:, c])), c
+    mode = [b.groups[g][3] if g >= 0 else _XOR for g in b.gid]
+    assert mode[0] == 9 and mode[1] == 6 and mode[7] == 3 and mode[3] == mode[4] == 0, mode  # [2]: either
+    assert mode[5] == mode[6] == mode[8] == _XOR, mode
+    assert b.width_of(0) <= 4 and b.width_of(1) <= 3 and b.width_of(4) == 0
+    # and a block round-trips through its checkpoint form
+    arrays, meta = b.to_arrays("x_")
+    b2 = Block.from_arrays(arrays, "x_", json.loads(json.dumps(meta)))
+    assert np.array_equal(bits(b2.columns(np.arange(V.shape[1]))), bits(V))
+
+
 def test_single_row_block():
     b = Block(0, np.array([5.0]), np.array([[1.5, np.nan]]))
     assert b.times().tolist() == [5.0]
@@ -217,7 +254,7 @@ def test_integer_counters_compress_to_a_few_bytes_per_sample():
     s = Store(retention_seconds=3600)
     rng = np.random.default_rng(3)
     ncont = 50
-    usage = np.zeros(ncont)
+    usage_us = np.zeros(ncont, dtype=np.int64)
     mem = rng.integers(1 << 20, 1 << 30, ncont).astype(float)
     keys = ([("cpu_usage_seconds_total", {"c": str(i)}) for i in range(ncont)]
             + [("memory_usage_bytes", {"c": str(i)}) for i in range(ncont)]
@@ -226,13 +263,17 @@ def test_integer_counters_compress_to_a_few_bytes_per_sample():
     h = s.prepare("t", keys)
     thr = np.zeros(ncont)
     for r in range(3600):
-        usage += np.round(rng.uniform(0, 0.5, ncont), 6)  # microsecond-resolution CPU seconds
+        usage_us += rng.integers(0, 500_000, ncont)  # CPU seconds as the cgroup collector makes them
+        usage = usage_us / 1e6
         mem += rng.integers(-4096, 4096, ncont) * 4096.0
         thr += rng.integers(0, 2, ncont)
         h = s.write(h, 1000.0 + r, np.concatenate([usage, mem, thr, np.ones(ncont)]))
     tab = s.tables["t"]
-    per_sample = tab.nbytes() / (tab.count * len(keys))
-    assert per_sample < 5, per_sample
+    per_sample = tab.nbytes() / (tab.count * len(keys))  # with the uncompressed hot block
+    sealed = sum(b.nbytes() for b in tab.blocks) / (sum(b.n for b in tab.blocks) * len(keys))
+    assert per_sample < 3.5 and sealed < 2.5, (per_sample, sealed)
+    cpu_col = s.select("cpu_usage_seconds_total")[0].col
+    assert tab.blocks[0].width_of(cpu_col) <= 3  # integer microsecond deltas, not 8-byte float XORs
     ts, V = s.raw_matrix("t", list(range(len(keys))), 0, 1e9)
     assert np.array_equal(V[-1], np.concatenate([usage, mem, thr, np.ones(ncont)]))
 

@@ -59,10 +59,13 @@ class Block:
     (``planes[g, j, row]`` is byte ``shift + j`` of row ``row + 1``'s XOR; a group of all 8 bytes keeps the
     XORs as uint64), so that decoding writes whole planes into the right byte of a uint64 view and one XOR
     scan restores the values.
-    Timestamps, shared by all columns, are kept as they are.
+    A column whose values are all k / 10**d exactly, for integers k and d in ``SCALES`` (CPU seconds made
+    from µs or ns counters, bytes, counts), is coded instead as the steps of k less the smallest step, when
+    that is narrower: a steady counter then costs nothing, CPU seconds about three bytes. Every choice is
+    checked at encode time to come back bit for bit. Timestamps, shared by all columns, are kept as they are.
     """
 
-    __slots__ = ("seq0", "n", "t_first", "t_last", "ncols", "ts", "first", "gid", "pos", "groups")
+    __slots__ = ("seq0", "n", "t_first", "t_last", "ncols", "ts", "first", "gid", "pos", "groups", "base")
 
     def __init__(self, seq0: int, ts: np.ndarray, vals: np.ndarray):
         if not np.little_endian:  # pragma: no cover - x86 and arm64 hosts are little-endian
@@ -72,11 +75,11 @@ class Block:
         self.ts = np.array(ts, dtype=np.float64)
         self.t_first, self.t_last = float(self.ts[0]), float(self.ts[-1])
         self.ncols = vals.shape[1]
-        self.first, self.gid, self.pos, self.groups = _encode(vals)
+        self.first, self.gid, self.pos, self.groups, self.base = _encode(vals)
 
     def nbytes(self) -> int:
-        return (self.ts.nbytes + self.first.nbytes + self.gid.nbytes + self.pos.nbytes
-                + sum(p.nbytes for _, _, p in self.groups))
+        return (self.ts.nbytes + self.first.nbytes + self.gid.nbytes + self.pos.nbytes + self.base.nbytes
+                + sum(g[2].nbytes for g in self.groups))
 
     def times(self) -> np.ndarray:
         return self.ts
@@ -102,17 +105,15 @@ class Block:
         if g < 0:  # constant over the block
             x[:] = self.first[col]
             return
-        s, w, planes = self.groups[g]
-        p = planes[self.pos[col]]
+        group = self.groups[g]
         x[0] = self.first[col]
-        if w == 8:
-            x[1:] = p
+        x[1:] = 0
+        x2 = x.reshape(1, self.n)
+        _place(x2, x2.view(np.uint8).reshape(1, self.n, 8), slice(None), group, group[2][self.pos[col]][None])
+        if group[3] == _XOR:
+            np.bitwise_xor.accumulate(x, out=x)
         else:
-            x[1:] = 0
-            xb = x.view(np.uint8).reshape(self.n, 8)
-            for j in range(w):
-                xb[1:, s + j] = p[j]
-        np.bitwise_xor.accumulate(x, out=x)
+            _undelta(x, self.base[col], group[3], out)
 
     def decode_into(self, cols: np.ndarray, out: np.ndarray) -> None:
         """Write the values of ``cols`` into ``out`` (float64, len(cols) × n, rows contiguous): one row per
@@ -130,11 +131,11 @@ class Block:
     # -- checkpoint form: flat arrays plus a little JSON ---------------------------------------------
     def to_arrays(self, prefix: str) -> tuple[dict[str, np.ndarray], dict]:
         arrays = {f"{prefix}ts": self.ts, f"{prefix}first": self.first, f"{prefix}gid": self.gid,
-                  f"{prefix}pos": self.pos}
-        for g, (_, _, planes) in enumerate(self.groups):
+                  f"{prefix}pos": self.pos, f"{prefix}base": self.base}
+        for g, (_, _, planes, _) in enumerate(self.groups):
             arrays[f"{prefix}g{g}"] = planes
         meta = {"seq0": self.seq0, "n": self.n, "ncols": self.ncols,
-                "groups": [[int(s), int(w)] for s, w, _ in self.groups]}
+                "groups": [[int(s), int(w), int(mode)] for s, w, _, mode in self.groups]}
         return arrays, meta
 
     @classmethod
@@ -143,94 +144,189 @@ class Block:
         b = cls.__new__(cls)
         b.seq0, b.n, b.ncols = int(meta["seq0"]), int(meta["n"]), int(meta["ncols"])
         b.ts = np.asarray(arrays[f"{prefix}ts"])
-        b.first, b.gid, b.pos = (np.asarray(arrays[f"{prefix}{k}"]) for k in ("first", "gid", "pos"))
+        b.first, b.gid, b.pos, b.base = (np.asarray(arrays[f"{prefix}{k}"]) for k in ("first", "gid", "pos", "base"))
         if b.n < 1 or b.ts.shape != (b.n,) or b.ts.dtype != np.float64:
             raise ValueError(f"block {prefix}: {b.ts.shape} timestamps for {b.n} rows")
-        if not (b.first.shape == b.gid.shape == b.pos.shape == (b.ncols,)) or b.first.dtype != np.uint64 \
+        if not (b.first.shape == b.gid.shape == b.pos.shape == b.base.shape == (b.ncols,)) \
+                or b.first.dtype != np.uint64 or b.base.dtype != np.int64 \
                 or b.gid.dtype != np.int16 or b.pos.dtype != np.int32:
             raise ValueError(f"block {prefix}: column arrays do not match {b.ncols} columns")
         b.groups = []
-        for g, (s, w) in enumerate(meta["groups"]):
+        for g, (s, w, mode) in enumerate(meta["groups"]):
             planes = np.asarray(arrays[f"{prefix}g{g}"])
             members = b.gid == g
             k = int(members.sum())
             shape, dtype = ((k, b.n - 1), np.uint64) if w == 8 else ((k, w, b.n - 1), np.uint8)
-            if not (0 <= s and 1 <= w and s + w <= 8) or planes.shape != shape or planes.dtype != dtype:
+            if not (0 <= s and (1 if mode == _XOR else 0) <= w and s + w <= 8) or planes.shape != shape \
+                    or planes.dtype != dtype or mode not in (_XOR, *SCALES):
                 raise ValueError(f"block {prefix}: group {g} (bytes {s}+{w}) has payload shape {planes.shape}")
             if k and not np.array_equal(np.sort(b.pos[members]), np.arange(k)):
                 raise ValueError(f"block {prefix}: group {g}: column positions out of range")
-            b.groups.append((int(s), int(w), planes))
+            b.groups.append((int(s), int(w), planes, int(mode)))
         if (b.gid >= len(b.groups)).any() or (b.gid < -1).any():
             raise ValueError(f"block {prefix}: a column names a group that does not exist")
         b.t_first, b.t_last = float(b.ts[0]), float(b.ts[-1])
         return b
 
 
+SCALES = (0, 3, 6, 9)  # decimal digits tried for the delta coding: integers, milli, micro, nano
+_XOR = -1
+
+
+def _trim(u: np.ndarray):
+    """Per column of ``u`` (rows × columns, uint64): (lowest byte set in any row, bytes from there to the
+    highest byte set); width 0 where every row is 0."""
+    acc = np.bitwise_or.reduce(u, axis=0)
+    nz = ((acc[:, None] >> _BYTE_SHIFTS) & np.uint64(0xFF)) != 0  # (c, 8)
+    anyset = nz.any(axis=1)
+    lo = np.argmax(nz, axis=1)
+    width = np.where(anyset, 8 - np.argmax(nz[:, ::-1], axis=1) - lo, 0)
+    return np.where(anyset, lo, 0), width
+
+
+def _scaled_deltas(vals: np.ndarray, cols: np.ndarray):
+    """For the columns ``cols`` of ``vals``: the smallest scale d of SCALES with vals == k / 10**d exactly
+    (bit for bit, k integers below 2**53), the deltas of k less their minimum, and that minimum. Columns
+    with no such d get scale -1."""
+    v = vals[:, cols]
+    scale = np.full(len(cols), _XOR, dtype=np.int8)
+    zz = np.zeros((len(vals) - 1, len(cols)), dtype=np.uint64)
+    k0 = np.zeros(len(cols), dtype=np.int64)
+    base = np.zeros(len(cols), dtype=np.int64)
+    todo = np.isfinite(v).all(axis=0)
+    for d in SCALES:
+        if not todo.any():
+            break
+        f = 10.0 ** d
+        idx = np.flatnonzero(todo)
+        with np.errstate(over="ignore", invalid="ignore"):
+            k = np.rint(v[:, idx] * f)
+            ok = (np.abs(k) < 2.0 ** 53).all(axis=0)
+            ok &= ((k / f).view(np.uint64) == v[:, idx].view(np.uint64)).all(axis=0)
+        if not ok.any():
+            continue
+        hit = idx[ok]
+        ki = k[:, ok].astype(np.int64)
+        delta = np.diff(ki, axis=0)
+        mn = delta.min(axis=0)
+        zz[:, hit] = (delta - mn).view(np.uint64)  # >= 0: byte trimming keeps only the spread
+        base[hit] = mn
+        k0[hit] = ki[0]
+        scale[hit] = d
+        todo[hit] = False
+    return scale, zz, k0, base
+
+
 def _encode(vals: np.ndarray):
-    x = np.ascontiguousarray(vals, dtype=np.float64).view(np.uint64)
+    vals = np.ascontiguousarray(vals, dtype=np.float64)
+    x = vals.view(np.uint64)
     n, c = x.shape
     first = x[0].copy()
     gid = np.full(c, -1, dtype=np.int16)
     pos = np.zeros(c, dtype=np.int32)
-    groups: list[tuple[int, int, np.ndarray]] = []
+    groups: list[tuple[int, int, np.ndarray, int]] = []
+    base = np.zeros(c, dtype=np.int64)
     if n == 1 or c == 0:
-        return first, gid, pos, groups
+        return first, gid, pos, groups, base
     d = x[1:] ^ x[:-1]  # (n-1, c)
-    acc = np.bitwise_or.reduce(d, axis=0)
-    nz = ((acc[:, None] >> _BYTE_SHIFTS) & np.uint64(0xFF)) != 0  # (c, 8): bytes in which some XOR is set
-    anyset = nz.any(axis=1)
-    lo = np.argmax(nz, axis=1)
-    width = np.where(anyset, 8 - np.argmax(nz[:, ::-1], axis=1) - lo, 0)
-    code = np.where(anyset, lo * 9 + width, -1)
+    lo, width = _trim(d)
+    scale = np.full(c, _XOR, dtype=np.int8)
+    # Counters and gauges of decimal resolution (CPU seconds in µs, bytes) code better as integer deltas.
+    cand = np.flatnonzero(width >= 2)
+    if len(cand):
+        sc, zz, k0, mn = _scaled_deltas(vals, cand)
+        zlo, zwidth = _trim(zz)
+        better = (sc != _XOR) & (zwidth < width[cand])
+        if better.any():
+            cols = cand[better]
+            d[:, cols] = zz[:, better]
+            lo[cols], width[cols], scale[cols] = zlo[better], zwidth[better], sc[better]
+            first[cols] = k0[better].view(np.uint64)
+            base[cols] = mn[better]
+    # A group per (coding, first byte, width); XOR columns of width 0 are constant and need none, but a
+    # delta column of width 0 (a constant step: a steady counter) keeps its group for its step.
+    code = np.where((width > 0) | (scale != _XOR), ((scale.astype(np.int64) + 1) * 9 + lo) * 9 + width, -1)
     b = d.view(np.uint8).reshape(n - 1, c, 8)  # little-endian: byte 0 is the least significant
-    for k in np.unique(code):
-        if k < 0:
+    for key in np.unique(code):
+        if key < 0:
             continue
-        s, w = divmod(int(k), 9)
-        cols = np.flatnonzero(code == k)
+        rest, w = divmod(int(key), 9)
+        mode, sh = divmod(rest, 9)
+        cols = np.flatnonzero(code == key)
         gid[cols] = len(groups)
         pos[cols] = np.arange(len(cols), dtype=np.int32)
-        if w == 8:  # all bytes: the XORs as they are, (g, n-1) uint64
-            groups.append((s, w, np.ascontiguousarray(d[:, cols].T)))
+        if w == 8:  # all bytes: the codes as they are, (g, n-1) uint64
+            planes = np.ascontiguousarray(d[:, cols].T)
         else:
-            groups.append((s, w, np.ascontiguousarray(b[:, cols, s:s + w].transpose(1, 2, 0))))  # (g, w, n-1)
-    return first, gid, pos, groups
+            planes = np.ascontiguousarray(b[:, cols, sh:sh + w].transpose(1, 2, 0))  # (g, w, n-1)
+        groups.append((sh, w, planes, mode - 1))
+    return first, gid, pos, groups, base
 
 
-def _decode(b: Block, cols: np.ndarray, out: np.ndarray) -> None:
+def _undelta(x: np.ndarray, base, d: int, out: np.ndarray) -> None:
+    """Rows of ``x`` (uint64: k0, then deltas less ``base``) back to values k / 10**d, into ``out`` (which
+    may be ``x``'s own memory)."""
+    k = x.view(np.int64)
+    if np.ndim(base) == 0:
+        if base:
+            k[1:] += base
+    elif base.any():
+        k[..., 1:] += base[:, None]
+    np.add.accumulate(k, axis=-1, out=k)  # (cumsum takes a slower path with out=)
+    out[...] = k
+    if d:
+        out /= 10.0 ** d
+
+
+def _place(x: np.ndarray, xb: np.ndarray, rows, group, src) -> None:
+    """Write a group's codes ``src`` into rows ``rows`` (index or slice) of x, from the second value on."""
+    s, w = group[0], group[1]
+    if w == 8:
+        x[rows, 1:] = src
+    else:
+        for j in range(w):
+            xb[rows, 1:, s + j] = src[:, j, :]
+
+
+def _decode(b: "Block", cols: np.ndarray, out: np.ndarray) -> None:
     n, k = b.n, len(cols)
     x = out.view(np.uint64)  # (k, n); rows may be slices of a longer matrix
     x[:] = 0
     x[:, 0] = b.first[cols]
+    deltas = []  # (rows, scale) decoded after the XOR rows
     if n > 1 and b.groups:
         xb = x.view(np.uint8).reshape(k, n, 8)
         gid = b.gid[cols]
-        if k == 1:
-            g = int(gid[0])
-            if g >= 0:
-                s, w, planes = b.groups[g]
-                p = planes[b.pos[cols[0]]]
-                if w == 8:
-                    x[0, 1:] = p
-                else:
-                    for j in range(w):
-                        xb[0, 1:, s + j] = p[j]
-        else:
-            for g in np.unique(gid):
-                if g < 0:
-                    continue
-                s, w, planes = b.groups[g]
-                sel = np.flatnonzero(gid == g)
-                src = planes[b.pos[cols[sel]]]  # (len(sel), w, n-1), or (len(sel), n-1) for w = 8
-                if w == 8:
-                    x[sel, 1:] = src
-                elif len(sel) == k:
-                    for j in range(w):
-                        xb[:, 1:, s + j] = src[:, j, :]
-                else:
-                    for j in range(w):
-                        xb[sel, 1:, s + j] = src[:, j, :]
-    np.bitwise_xor.accumulate(x, axis=1, out=x)
+        for g in (gid[:1] if k == 1 else np.unique(gid)):
+            if g < 0:
+                continue
+            group = b.groups[g]
+            sel = slice(None) if k == 1 else np.flatnonzero(gid == g)
+            if k > 1 and len(sel) == k:
+                sel = slice(None)
+            _place(x, xb, sel, group, group[2][b.pos[cols[sel]]])
+            if group[3] != _XOR:
+                deltas.append((sel, group[3], b.base[cols[sel]]))
+    if not deltas:
+        np.bitwise_xor.accumulate(x, axis=1, out=x)
+        return
+    if len(deltas) == 1 and isinstance(deltas[0][0], slice):  # every column delta-coded at one scale
+        sel, d, base = deltas[0]
+        _undelta(x, base, d, out)
+        return
+    is_xor = np.ones(k, dtype=bool)
+    for sel, _, _ in deltas:
+        is_xor[sel] = False
+    done = []
+    for sel, d, base in deltas:
+        v = np.empty((len(sel), n))
+        _undelta(x[sel], base, d, v)
+        done.append((sel, v))
+    if is_xor.any():
+        xr = np.flatnonzero(is_xor)
+        x[xr] = np.bitwise_xor.accumulate(x[xr], axis=1)
+    for sel, v in done:
+        out[sel] = v
 
 
 BLOCK_ROWS = 256  # rows per sealed block; the newest rows (up to this many) stay uncompressed
