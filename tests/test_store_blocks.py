@@ -32,7 +32,7 @@ def test_block_round_trips_every_kind_of_value_bit_for_bit():
     V = np.stack(cols, axis=1)
     ts = 1.7e9 + np.cumsum(rng.uniform(0.9, 1.1, n))
     b = Block(1000, ts, V)
-    assert np.array_equal(bits(b.times()), bits(ts))
+    assert np.array_equal(bits(b.ts), bits(ts))
     all_cols = np.arange(V.shape[1])
     assert np.array_equal(bits(b.columns(all_cols)), bits(V))
     for order in (np.array([6, 0, 3]), np.array([2]), np.array([5, 5, 1])):  # any subset, any order
@@ -69,9 +69,9 @@ def test_decimal_series_are_delta_coded_and_come_back_bit_for_bit():
     b = Block(0, np.arange(n, dtype=float), V)
     assert np.array_equal(bits(b.columns(np.arange(V.shape[1]))), bits(V))
     for c in range(V.shape[1]):
-        out = np.empty(n)
-        b.column_into(c, out)
-        assert np.array_equal(bits(out), bits(V[:, c])), c
+        out = np.empty((1, n))  # the single-series read
+        b.decode_into(np.array([c]), out)
+        assert np.array_equal(bits(out[0]), bits(V[:, c])), c
     mode = [b.groups[g][3] if g >= 0 else _XOR for g in b.gid]
     assert mode[0] == 9 and mode[1] == 6 and mode[7] == 3 and mode[3] == mode[4] == 0, mode  # [2]: either
     assert mode[5] == mode[6] == mode[8] == _XOR, mode
@@ -84,7 +84,7 @@ def test_decimal_series_are_delta_coded_and_come_back_bit_for_bit():
 
 def test_single_row_block():
     b = Block(0, np.array([5.0]), np.array([[1.5, np.nan]]))
-    assert b.times().tolist() == [5.0]
+    assert b.ts.tolist() == [5.0]
     assert b.columns(np.array([0]))[0, 0] == 1.5 and np.isnan(b.columns(np.array([1]))[0, 0])
 
 

@@ -35,8 +35,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import cramjam
-import numpy as np
 import httpx
+import numpy as np
 
 from .. import __version__
 from .. import metrics as M

@@ -44,9 +44,7 @@ def save(store: Store, state_dir: Path) -> Path:
         for i, tab in enumerate(store.tables.values()):
             # Sealed blocks go as they are (compressed); the hot rows as a plain matrix. Nothing is decoded.
             blocks = []
-            for j, b in enumerate(tab.blocks):
-                if b.seq0 + b.n <= tab.floor:
-                    continue
+            for j, b in enumerate(tab.blocks):  # (expired blocks are dropped as rows are written)
                 arr, bm = b.to_arrays(f"t{i}_b{j}_")
                 arrays.update(arr)
                 blocks.append(bm)
@@ -62,7 +60,6 @@ def save(store: Store, state_dir: Path) -> Path:
                     "seq": tab.seq,
                     "keys": [None if k is None else [k[0], [list(kv) for kv in k[1]]] for k in tab.keys],
                     "blocks": blocks,
-                    "block_ids": [j for j, b in enumerate(tab.blocks) if b.seq0 + b.n > tab.floor],
                 }
             )
     arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
@@ -149,7 +146,7 @@ def _load_table(store: Store, tm: dict, i: int, loaded: dict, cap: int) -> int:
         a = loaded[f"t{i}_{name}"]
         if a.shape != (ncols,):
             raise ValueError(f"table {tm['name']!r}: {name} has shape {a.shape}, {ncols} keys")
-    blocks = [Block.from_arrays(loaded, f"t{i}_b{j}_", bm) for j, bm in zip(tm["block_ids"], tm["blocks"])]
+    blocks = [Block.from_arrays(loaded, f"t{i}_b{j}_", bm) for j, bm in enumerate(tm["blocks"])]
     expect = seq - len(hot_ts)
     for b in reversed(blocks):  # blocks must tile the rows up to the hot ones, in time order
         if b.seq0 + b.n != expect or b.ncols > ncols:
@@ -173,8 +170,7 @@ def _load_table(store: Store, tm: dict, i: int, loaded: dict, cap: int) -> int:
             continue
         tab.col_of[key] = col
         n += 1
-    while tab.blocks and tab.blocks[0].seq0 + tab.blocks[0].n <= tab.floor:
-        tab.blocks.popleft()
+    tab.drop_expired()  # the retention may be shorter now than when the checkpoint was saved
     return n
 
 

@@ -175,23 +175,19 @@ def aggregate_matrix(ts: np.ndarray, V: np.ndarray, times: np.ndarray, step: flo
         if not nonempty.any():
             return out
         idx_lo, idx_hi = lo[nonempty], hi[nonempty]
-        if V.flags.f_contiguous and not V.flags.c_contiguous:
-            # The store hands out column-major matrices (it decodes a column at a time): reduce along
-            # each column's contiguous run instead of across strided rows.
-            Vt, validt = V.T, valid.T
-            Zt = np.where(validt, Vt, 0.0)
-            sums = np.add.reduceat(Zt, idx_lo, axis=1).T
-            cnt = np.add.reduceat(validt.astype(np.int32), idx_lo, axis=1).T
-            if idx_hi[-1] < len(ts):
-                sums[-1] = Zt[:, idx_lo[-1]:idx_hi[-1]].sum(axis=1)
-                cnt[-1] = validt[:, idx_lo[-1]:idx_hi[-1]].sum(axis=1)
-        else:
-            Z = np.where(valid, V, 0.0)
-            sums = np.add.reduceat(Z, idx_lo, axis=0)
-            cnt = np.add.reduceat(valid.astype(np.int32), idx_lo, axis=0)
-            if idx_hi[-1] < len(ts):
-                sums[-1] = Z[idx_lo[-1]:idx_hi[-1]].sum(axis=0)
-                cnt[-1] = valid[idx_lo[-1]:idx_hi[-1]].sum(axis=0)
+        # The store hands out column-major matrices (it decodes a column at a time): reduce each column's
+        # contiguous run then, instead of across strided rows. ``ax`` is the time axis of W.
+        col_major = V.flags.f_contiguous and not V.flags.c_contiguous
+        W, Wv, ax = (V.T, valid.T, 1) if col_major else (V, valid, 0)
+        Z = np.where(Wv, W, 0.0)
+        sums = np.add.reduceat(Z, idx_lo, axis=ax)
+        cnt = np.add.reduceat(Wv.astype(np.int32), idx_lo, axis=ax)
+        if idx_hi[-1] < len(ts):
+            tail = slice(idx_lo[-1], idx_hi[-1])
+            np.moveaxis(sums, ax, 0)[-1] = np.moveaxis(Z, ax, 0)[tail].sum(axis=0)
+            np.moveaxis(cnt, ax, 0)[-1] = np.moveaxis(Wv, ax, 0)[tail].sum(axis=0)
+        if col_major:
+            sums, cnt = sums.T, cnt.T
         with np.errstate(invalid="ignore", divide="ignore"):
             res = sums if agg == "sum" else sums / cnt
         out[nonempty] = np.where(cnt > 0, res, np.nan)

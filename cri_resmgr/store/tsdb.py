@@ -1,9 +1,9 @@
-"""Embedded time-series store: numpy ring buffers grouped into tables.
+"""Embedded time-series store: numpy row blocks grouped into tables.
 
 A *table* holds the series written together by one source (a collector run): rows of one timestamp and
 one value per series (columns). Sharing the time axis turns a collector's write and a heatmap's read into
 vector operations. The newest rows sit uncompressed in a "hot" block that takes the writes; every
-``BLOCK_ROWS`` rows it is sealed into a compressed :class:`Block` (lossless XOR coding per column, see
+``BLOCK_ROWS`` rows it is sealed into a compressed :class:`Block` (lossless coding per column, see
 there), so a stored sample takes a few bytes instead of eight. Rows older than the retention are dropped
 a block at a time (and hidden from reads row by row). A series that is not written in a row holds NaN
 there. Columns whose series have not been written for a whole retention period are reused.
@@ -81,9 +81,6 @@ class Block:
         return (self.ts.nbytes + self.first.nbytes + self.gid.nbytes + self.pos.nbytes + self.base.nbytes
                 + sum(g[2].nbytes for g in self.groups))
 
-    def times(self) -> np.ndarray:
-        return self.ts
-
     def width_of(self, col: int) -> int:
         """Bytes kept per row for a column (0: constant over the block, or never written)."""
         g = int(self.gid[col])
@@ -94,26 +91,6 @@ class Block:
         out = np.empty((len(cols), self.n))
         self.decode_into(np.asarray(cols, dtype=np.int64), out)
         return out.T
-
-    def column_into(self, col: int, out: np.ndarray) -> None:
-        """One column's values into ``out`` (float64, n, contiguous): the single-series read."""
-        x = out.view(np.uint64)
-        if col >= self.ncols:
-            out[:] = np.nan
-            return
-        g = int(self.gid[col])
-        if g < 0:  # constant over the block
-            x[:] = self.first[col]
-            return
-        group = self.groups[g]
-        x[0] = self.first[col]
-        x[1:] = 0
-        x2 = x.reshape(1, self.n)
-        _place(x2, x2.view(np.uint8).reshape(1, self.n, 8), slice(None), group, group[2][self.pos[col]][None])
-        if group[3] == _XOR:
-            np.bitwise_xor.accumulate(x, out=x)
-        else:
-            _undelta(x, self.base[col], group[3], out)
 
     def decode_into(self, cols: np.ndarray, out: np.ndarray) -> None:
         """Write the values of ``cols`` into ``out`` (float64, len(cols) × n, rows contiguous): one row per
@@ -288,45 +265,62 @@ def _place(x: np.ndarray, xb: np.ndarray, rows, group, src) -> None:
             xb[rows, 1:, s + j] = src[:, j, :]
 
 
+def _decode_one(b: "Block", col: int, out: np.ndarray) -> None:
+    """:func:`_decode` of a single column (``out``: n values): the single-series read, without the
+    grouping work."""
+    x = out.view(np.uint64)
+    g = int(b.gid[col])
+    if g < 0:  # constant over the block
+        x[:] = b.first[col]
+        return
+    group = b.groups[g]
+    x[0] = b.first[col]
+    x[1:] = 0
+    x2 = x.reshape(1, b.n)
+    _place(x2, x2.view(np.uint8).reshape(1, b.n, 8), slice(None), group, group[2][b.pos[col]][None])
+    if group[3] == _XOR:
+        np.bitwise_xor.accumulate(x, out=x)
+    else:
+        _undelta(x, b.base[col], group[3], out)
+
+
 def _decode(b: "Block", cols: np.ndarray, out: np.ndarray) -> None:
     n, k = b.n, len(cols)
+    if k == 1:
+        _decode_one(b, int(cols[0]), out[0])
+        return
     x = out.view(np.uint64)  # (k, n); rows may be slices of a longer matrix
     x[:] = 0
     x[:, 0] = b.first[cols]
-    deltas = []  # (rows, scale) decoded after the XOR rows
+    xor_rows = np.ones(k, dtype=bool)
+    deltas = []  # (rows, scale, base) of the delta-coded groups
     if n > 1 and b.groups:
         xb = x.view(np.uint8).reshape(k, n, 8)
         gid = b.gid[cols]
-        for g in (gid[:1] if k == 1 else np.unique(gid)):
+        for g in np.unique(gid):
             if g < 0:
                 continue
             group = b.groups[g]
-            sel = slice(None) if k == 1 else np.flatnonzero(gid == g)
-            if k > 1 and len(sel) == k:
+            sel = np.flatnonzero(gid == g)
+            if len(sel) == k:
                 sel = slice(None)
             _place(x, xb, sel, group, group[2][b.pos[cols[sel]]])
             if group[3] != _XOR:
                 deltas.append((sel, group[3], b.base[cols[sel]]))
-    if not deltas:
+                xor_rows[sel] = False
+    # The groups own disjoint rows: each is finished on its own.
+    if xor_rows.all():
         np.bitwise_xor.accumulate(x, axis=1, out=x)
-        return
-    if len(deltas) == 1 and isinstance(deltas[0][0], slice):  # every column delta-coded at one scale
-        sel, d, base = deltas[0]
-        _undelta(x, base, d, out)
-        return
-    is_xor = np.ones(k, dtype=bool)
-    for sel, _, _ in deltas:
-        is_xor[sel] = False
-    done = []
+    elif xor_rows.any():
+        r = np.flatnonzero(xor_rows)
+        x[r] = np.bitwise_xor.accumulate(x[r], axis=1)
     for sel, d, base in deltas:
-        v = np.empty((len(sel), n))
-        _undelta(x[sel], base, d, v)
-        done.append((sel, v))
-    if is_xor.any():
-        xr = np.flatnonzero(is_xor)
-        x[xr] = np.bitwise_xor.accumulate(x[xr], axis=1)
-    for sel, v in done:
-        out[sel] = v
+        if isinstance(sel, slice):
+            _undelta(x, base, d, out)
+        else:
+            v = np.empty((len(sel), n))
+            _undelta(x[sel], base, d, v)
+            out[sel] = v
 
 
 BLOCK_ROWS = 256  # rows per sealed block; the newest rows (up to this many) stay uncompressed
@@ -429,6 +423,10 @@ class Table:
         self.last_t[cols] = t
         self.seq += 1
         self.hot_n = row + 1
+        self.drop_expired()
+
+    def drop_expired(self) -> None:
+        """Drop the sealed blocks whose rows are all older than the retention."""
         floor = self.floor
         while self.blocks and self.blocks[0].seq0 + self.blocks[0].n <= floor:
             self.blocks.popleft()
@@ -513,9 +511,7 @@ class Table:
                     Vt[:, off:off + m] = self.hot_vals[a:z][:, cols].T
             else:
                 ts[off:off + m] = b.ts[a:z]
-                if k == 1 and m == n:
-                    b.column_into(int(cols[0]), Vt[0, off:off + m])
-                elif k and m == n:
+                if k and m == n:
                     b.decode_into(cols, Vt[:, off:off + m])
                 elif k:
                     tmp = np.empty((k, n))
@@ -532,7 +528,7 @@ class Table:
 
     def read(self, start: float, end: float, cols) -> tuple[np.ndarray, np.ndarray]:
         lo, hi = self.seq_range_of_time(start, end)
-        return self.rows(lo, hi, np.asarray(cols, dtype=np.int64))
+        return self.rows(lo, hi, cols)
 
     def nbytes(self) -> int:
         """Bytes the table's rows take (hot block, sealed blocks and per-column state)."""
@@ -563,8 +559,8 @@ class Store:
         self.max_series = max_series
         self.tables: dict[str, Table] = {}
         self.index: dict[str, dict[Labels, SeriesRef]] = {}
-        # per metric: label pair -> series keys, built on first select and dropped when the metric's
-        # series change (see _touch)
+        # per metric: label pair -> series keys, built on first select and dropped whenever the metric
+        # gains or loses a series
         self._inverted: dict[str, dict[tuple[str, str], set[Labels]]] = {}
         self.dropped_samples = 0
         self._series = 0
