@@ -7,20 +7,23 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 # Debian packages the tests use: promtool and the Prometheus server (prometheus), headless Chromium for the
-# web UI test (chromium, driven by Playwright), gcc for the demo's AVX512 loop; clang, bpftool, libbpf-dev for
-# `make bpf`, python3-bpfcc for the avx512 bcc fallback's tests, linux-perf for bench/avx512_bench.py,
+# web UI test (chromium, driven by Playwright), gcc for the demo's AVX512 loop; clang, libbpf-dev for
+# `make bpf` and the wheel's build hook (setup.py), bpftool for bench/avx512_bench.py,
+# python3-bpfcc for the avx512 bcc fallback's tests, linux-perf for bench/avx512_bench.py,
 # fuse3 (libfuse3) for the FUSE resctrl emulator of the RDT tests (tests/resctrlfs.py); containerd, runc and
-# busybox-static for the CRI relay's tests against a real runtime (tests/integration/containerd.py).
-APT_PACKAGES ?= prometheus chromium gcc libc6-dev clang bpftool libbpf-dev python3-bpfcc linux-perf fuse3 containerd runc busybox-static
+# busybox-static for the CRI relay's tests against a real runtime (tests/integration/containerd.py);
+# debian-archive-keyring for fetching Debian 13's containerd 1.7 privately for the NRI tests
+# (tests/integration/nri/containerd17.py: apt-get download + dpkg -x, the system's apt state untouched).
+APT_PACKAGES ?= prometheus chromium gcc libc6-dev clang bpftool libbpf-dev python3-bpfcc linux-perf fuse3 containerd runc busybox-static debian-archive-keyring mount curl
 # What `make run` needs: the toolchain that builds the eBPF object (the agent itself never runs clang).
-RUN_APT_PACKAGES ?= clang bpftool libbpf-dev
+RUN_APT_PACKAGES ?= clang libbpf-dev
 ARGS ?=
 
-.PHONY: setup apt apt-run bpf run test test-unit bench clean
+.PHONY: setup apt apt-run bpf run lint test test-unit bench clean
 
 setup: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml setup.py
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python >= 3.11 is required"'
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[test]'
@@ -31,28 +34,30 @@ apt-run: PKGS = $(RUN_APT_PACKAGES)
 apt apt-run:
 	@bash tools/apt-install.sh $(PKGS)
 
-# The AVX-512 eBPF object: CO-RE, compiled against a vmlinux.h that bpftool generates from the running
-# kernel's BTF (build/bpf/vmlinux.h, not committed). Skipped when clang, bpftool or libbpf-dev is missing;
-# the agent then reports the avx512 collector down with the reason. The agent never needs clang itself.
+# The AVX-512 eBPF object in the checkout: CO-RE, compiled against the minimal BTF-derived header the repository
+# keeps for x86_64 (cri_resmgr/ebpf/x86_64/vmlinux.h), so neither bpftool nor the build host's BTF is needed.
+# Same source, header and flags as the wheel's build hook (setup.py). Skipped when clang or libbpf-dev is
+# missing; the agent then reports the avx512 collector down with the reason. The agent never needs clang itself.
 BPF_DIR := cri_resmgr/ebpf
 BPF_OBJ := $(BPF_DIR)/avx512.bpf.o
-VMLINUX_H := build/bpf/vmlinux.h
+VMLINUX_DIR := $(BPF_DIR)/x86_64
 BPF_CFLAGS ?= -O2 -g -target bpf -D__TARGET_ARCH_x86 -Wall -Werror
 
 bpf:
-	@if command -v clang >/dev/null && command -v bpftool >/dev/null && [ -e /usr/include/bpf/bpf_helpers.h ] \
-		&& [ -e /sys/kernel/btf/vmlinux ]; then $(MAKE) --no-print-directory $(BPF_OBJ); \
-	else echo "clang, bpftool, libbpf-dev or kernel BTF missing: skipping the eBPF build ($(BPF_OBJ))"; fi
+	@if command -v clang >/dev/null && [ -e /usr/include/bpf/bpf_helpers.h ]; then \
+		$(MAKE) --no-print-directory $(BPF_OBJ); \
+	else echo "clang or libbpf-dev missing: skipping the eBPF build ($(BPF_OBJ))"; fi
 
-$(VMLINUX_H):
-	@mkdir -p $(@D)
-	bpftool btf dump file /sys/kernel/btf/vmlinux format c > $@.tmp && mv $@.tmp $@
-
-$(BPF_OBJ): $(BPF_DIR)/avx512.bpf.c $(BPF_DIR)/avx512.h $(VMLINUX_H)
-	clang $(BPF_CFLAGS) -I$(dir $(VMLINUX_H)) -I$(BPF_DIR) -c $< -o $@
+$(BPF_OBJ): $(BPF_DIR)/avx512.bpf.c $(BPF_DIR)/avx512.h $(VMLINUX_DIR)/vmlinux.h
+	clang $(BPF_CFLAGS) -I$(VMLINUX_DIR) -I$(BPF_DIR) -c $< -o $@
 
 run: setup apt-run bpf
 	$(BIN)/cri-resmgr run $(ARGS)
+
+# The code health gates alone (tests/test_code_health.py runs the same two commands inside `make test`).
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/mypy
 
 test: setup apt bpf
 	$(BIN)/python -m pytest -q -ra
@@ -65,6 +70,7 @@ bench: setup bpf
 	$(BIN)/python bench/metrics_bench.py
 	$(BIN)/python bench/collect_cycle_bench.py
 	$(BIN)/python bench/relay_bench.py
+	@if [ "$$(id -u)" = 0 ]; then $(BIN)/python bench/nri_bench.py; else echo "bench/nri_bench.py skipped: needs root"; fi
 	$(BIN)/python bench/rebalancer_bench.py
 	$(BIN)/python bench/heatmap_bench.py
 	@if [ "$$(id -u)" = 0 ]; then $(BIN)/python bench/avx512_bench.py; else echo "bench/avx512_bench.py skipped: needs root"; fi

@@ -31,17 +31,16 @@ import time
 from pathlib import Path
 
 import _util  # noqa: F401  (puts the repo on sys.path)
+import httpx
+import yaml
 
-import httpx  # noqa: E402
-import yaml  # noqa: E402
-
-from cri_resmgr.ebpf.avx512 import DEFAULT_OBJECT, LibbpfSource  # noqa: E402
-from cri_resmgr.ebpf.libbpf import BpfObject  # noqa: E402
+from cri_resmgr.ebpf.avx512 import DEFAULT_OBJECT, LibbpfSource
+from cri_resmgr.ebpf.libbpf import BpfObject
 
 REPO = Path(__file__).resolve().parent.parent
 WORKLOADS = REPO / "tests/integration/workloads"
 EMPTY_SRC = Path(__file__).resolve().parent / "avx512_empty.bpf.c"
-VMLINUX_H = REPO / "build/bpf/vmlinux.h"
+VMLINUX_H = REPO / "cri_resmgr/ebpf/x86_64/vmlinux.h"  # the BTF-derived header the wheel's build uses
 
 
 def sh(*argv: str, **kw) -> str:
@@ -207,7 +206,7 @@ def main() -> None:
             print(f"{label:<18}{b:>9.3f}{w:>11.3f}{(w / b - 1) * 100:>9.1f}%{e:>13.3f}{(e / b - 1) * 100:>9.1f}%"
                   f"   spread without {min(r['without']):.2f}-{max(r['without']):.2f}")
         if empty is None:
-            print("(empty-program baseline skipped: needs clang and build/bpf/vmlinux.h from `make bpf`)")
+            print("(empty-program baseline skipped: needs clang and libbpf-dev)")
 
         print(f"\n== agent VmRSS, {args.rss_reps} interleaved starts each, median ==")
         off, on, dur, reason = [], [], [], ""

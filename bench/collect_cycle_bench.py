@@ -38,7 +38,8 @@ SW_AND_HW_EVENTS = ["cycles", "instructions", "cache-references", "cache-misses"
 
 
 def _rss_kib() -> int:
-    return int(next(ln.split()[1] for ln in Path("/proc/self/status").read_text().splitlines() if ln.startswith("VmRSS:")))
+    lines = Path("/proc/self/status").read_text().splitlines()
+    return int(next(ln.split()[1] for ln in lines if ln.startswith("VmRSS:")))
 
 
 def child(spec: dict) -> None:
@@ -55,7 +56,8 @@ def child(spec: dict) -> None:
     cg = CgroupCollector(cgroup_root, CgroupCollectorConfig())
     cols = {"cgroup": cg}
     if "perf" in spec["collectors"]:
-        cols["perf"] = PerfCollector(cgroup_root, PerfCollectorConfig(events=SW_AND_HW_EVENTS), cg, discover(Path("/sys")))
+        cols["perf"] = PerfCollector(cgroup_root, PerfCollectorConfig(events=SW_AND_HW_EVENTS), cg,
+                                     discover(Path("/sys")))
     if "rdt" in spec["collectors"]:
         cols["rdt"] = RdtCollector(Path(spec["resctrl"]), cgroup_root, RdtCollectorConfig(), cg)
     if "sst" in spec["collectors"]:
@@ -155,7 +157,8 @@ def main() -> None:
         spec = {"cgroup_root": str(cgroup_root), "sysfs": str(sysfs), "isst": str(tmp / "no-isst"),
                 "cycles": args.cycles, "collectors": [], "retention": args.retention}
         if fuse_unavailable() is None:
-            emu = ResctrlEmulator(domains=(0, 1), num_rmids=args.containers + 64).mount(tmp / "resctrl", cache_seconds=60)
+            emu = ResctrlEmulator(domains=(0, 1), num_rmids=args.containers + 64)
+            emu.mount(tmp / "resctrl", cache_seconds=60)
             for i, tid in enumerate(tids):
                 emu.set_task(tid, mbm_total={0: 1e8 + i, 1: 5e7}, mbm_local={0: 9e7}, occupancy={0: 1 << 20})
             spec["resctrl"] = str(tmp / "resctrl")

@@ -31,12 +31,16 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from cri_resmgr.config import RebalancerConfig  # noqa: E402
-from cri_resmgr.rebalancer.model import AVX, DEMAND, CostModel, Problem, State  # noqa: E402
-from cri_resmgr.rebalancer.planner import Planner  # noqa: E402
-from cri_resmgr.rebalancer.simulator import FAMILIES, generate  # noqa: E402
-from cri_resmgr.topology.fixtures import MachineSpec  # noqa: E402
+from cri_resmgr.config import RebalancerConfig
+from cri_resmgr.rebalancer.model import CostModel
+from cri_resmgr.rebalancer.planner import Planner
+from cri_resmgr.rebalancer.problem import AVX, DEMAND, Problem, State
+from cri_resmgr.rebalancer.simulator import FAMILIES, generate
+from cri_resmgr.sysfs import parse_cpulist
+from cri_resmgr.topology.fixtures import MachineSpec
 
+MID = MachineSpec("bench-1s-2d-6c-snc2", packages=1, dies_per_package=2, cores_per_die=6, threads_per_core=2,
+                  numa_per_package=2, l3_per_die=1, l3_kib_per_domain=16384)
 SMALL = MachineSpec("bench-2s-4c-snc2-sstbf", packages=2, dies_per_package=1, cores_per_die=4, threads_per_core=2,
                     numa_per_package=2, l3_per_die=1, l3_kib_per_domain=16384, base_frequency_khz=2000000,
                     base_frequency_overrides_khz={c: 2600000 for c in (0, 4, 8, 12)})
@@ -44,7 +48,7 @@ SMALL = MachineSpec("bench-2s-4c-snc2-sstbf", packages=2, dies_per_package=1, co
 
 # -- the ancestor's heuristic ------------------------------------------------------------------------
 def ancestor_heuristic(prob: Problem) -> tuple[np.ndarray, dict[int, int]]:
-    cand = prob.cand
+    cand = prob.cands
     st = State(prob)
     n = prob.n
     avx = prob.X[:, AVX] > 0
@@ -89,43 +93,89 @@ def ancestor_heuristic(prob: Problem) -> tuple[np.ndarray, dict[int, int]]:
     return st.S, choice
 
 
-def objective(prob: Problem, model: CostModel, rows: np.ndarray, choice: dict[int, int]) -> float:
+def objective(prob: Problem, model: CostModel, rows: np.ndarray, choice: dict[int, int],
+              migration_factor: float = 1.0) -> float:
     from cri_resmgr.rebalancer.exact import objective_of
 
-    return objective_of(prob, model, rows, choice)
+    return objective_of(prob, model, rows, choice, migration_factor)
 
 
 # -- runs --------------------------------------------------------------------------------------------
-def quality(sizes: list[int], seeds: list[int], milp: bool, limit_s: float) -> list[dict]:
+def instance(fam: str, machine: MachineSpec | str, n: int, seed: int, budget: int, milp: bool,
+             limit_s: float) -> dict:
+    """One instance: the default planner against the MILP of its own objective (migration × (1 +
+    gain_margin), the hysteresis), and the planner without hysteresis against the plain MILP."""
+    sc = generate(fam, machine, n, seed=seed, numa_bandwidth_bytes_per_second=20e9,
+                  rebalancer={"max_moves_per_round": budget})
+    cfg = sc.config()
+    node = sc.node_model(cfg)
+    prob = Problem.build(node, sc.inputs(), cfg, now=0.0)
+    model = CostModel(cfg)
+    plan = Planner(cfg, model).plan(prob)
+    cfg0 = cfg.model_copy(update={"gain_margin": 0.0, "min_net_gain": 1e-6})
+    prob0 = Problem.build(node, sc.inputs(), cfg0, now=0.0)
+    plan0 = Planner(cfg0, CostModel(cfg0)).plan(prob0)
+    hs, hc = ancestor_heuristic(prob)
+    factor = 1.0 + cfg.gain_margin
+    j_plan = objective(prob, model, *rows_of(prob, plan), factor)
+    r = dict(n=n, family=fam, seed=seed, budget=budget, machine=machine if isinstance(machine, str) else machine.name,
+             j0=plan.objective_before, heur=objective(prob, model, hs, hc), heur_moves=len(hc),
+             plan=j_plan, plan_moves=len(plan.moves), plan_ms=plan.duration_seconds * 1e3,
+             plan0=plan0.objective_after, plan0_moves=len(plan0.moves), plan0_ms=plan0.duration_seconds * 1e3)
+    if milp:
+        from cri_resmgr.rebalancer.exact import optimum
+
+        ex = optimum(prob, model, limit_s, migration_factor=factor)
+        ex0 = optimum(prob0, CostModel(cfg0), limit_s)
+        r.update(opt=ex.objective, opt_moves=len(ex.choice), opt_s=ex.seconds + ex0.seconds,
+                 status=ex.status if ex.status != "Optimal" else ex0.status, opt0=ex0.objective,
+                 opt0_moves=len(ex0.choice))
+    return r
+
+
+def rows_of(prob: Problem, plan) -> tuple[np.ndarray, dict[int, int]]:
+    """The placement a plan leaves, as share rows and the candidate each moved container took."""
+    index = {c.id: i for i, c in enumerate(prob.containers)}
+    rows = prob.S0.copy()
+    choice = {}
+    for m in plan.moves:
+        i = index[m.container_id]
+        c = prob.cands.index_of(prob.node.positions(parse_cpulist(m.to_cpus)))
+        rows[i] = prob.cands.row(c)
+        choice[i] = c
+    return rows, choice
+
+
+def quality(sizes: list[int], seeds: list[int], milp: bool, limit_s: float, budget: int | None = None) -> list[dict]:
     rows = []
     for n in sizes:
         for fam in FAMILIES:
             for seed in seeds:
-                sc = generate(fam, SMALL, n, seed=seed, numa_bandwidth_bytes_per_second=20e9,
-                              rebalancer={"max_moves_per_round": n})
-                cfg = sc.config()
-                prob = Problem.build(sc.node_model(cfg), sc.inputs(), cfg, now=0.0)
-                model = CostModel(cfg)
-                plan = Planner(cfg, model).plan(prob)
-                # The same search without hysteresis: its objective is exactly the MILP's.
-                cfg0 = cfg.model_copy(update={"gain_margin": 0.0, "min_net_gain": 1e-6})
-                plan0 = Planner(cfg0, CostModel(cfg0)).plan(Problem.build(sc.node_model(cfg0), sc.inputs(), cfg0, now=0.0))
-                hs, hc = ancestor_heuristic(prob)
-                r = dict(n=n, family=fam, seed=seed, j0=plan.objective_before, heur=objective(prob, model, hs, hc),
-                         heur_moves=len(hc), plan=plan.objective_after, plan_moves=len(plan.moves),
-                         plan_ms=plan.duration_seconds * 1e3, plan0=plan0.objective_after, plan0_moves=len(plan0.moves))
-                if milp:
-                    from cri_resmgr.rebalancer.exact import optimum
-
-                    ex = optimum(prob, model, limit_s)
-                    r.update(opt=ex.objective, opt_moves=len(ex.choice), opt_s=ex.seconds, status=ex.status)
+                r = instance(fam, SMALL, n, seed, budget or n, milp, limit_s)
                 rows.append(r)
                 print_row(r)
     return rows
 
 
+def random_instances(count: int, milp: bool, limit_s: float) -> list[dict]:
+    """``count`` instances across families, machines, sizes and move budgets; every parameter printed."""
+    rng = np.random.default_rng(20261203)
+    fams = list(FAMILIES)
+    rows = []
+    for k in range(count):
+        fam = fams[k % len(fams)]
+        machine = (SMALL, MID)[int(rng.integers(2))]
+        n = int(rng.choice([8, 12, 16, 24]))
+        budget = int(rng.choice([2, 3, 4, 6, n]))
+        r = instance(fam, machine, n, 100 + k, budget, milp, limit_s)
+        rows.append(r)
+        print_row(r)
+    return rows
+
+
 def print_header(milp: bool) -> None:
-    cols = f"{'n':>3} {'family':17s} {'seed':>4} {'nothing':>9} {'ancestor':>9} {'mv':>3} {'planner':>9} {'mv':>3} {'ms':>6}"
+    cols = (f"{'machine':22s} {'n':>3} {'mv':>3} {'family':17s} {'seed':>4} {'nothing':>9} {'ancestor':>9} {'mv':>3} "
+            f"{'planner':>9} {'mv':>3} {'ms':>6}")
     cols += f" {'no-hyst':>9} {'mv':>3}"
     if milp:
         cols += f" {'optimum':>9} {'mv':>3} {'solve s':>7} {'gap %':>6} {'gap0 %':>6} {'captured':>8}"
@@ -133,12 +183,14 @@ def print_header(milp: bool) -> None:
 
 
 def print_row(r: dict) -> None:
-    line = (f"{r['n']:3d} {r['family']:17s} {r['seed']:4d} {r['j0']:9.1f} {r['heur']:9.1f} {r['heur_moves']:3d} "
+    line = (f"{r['machine']:22s} {r['n']:3d} {r['budget']:3d} {r['family']:17s} {r['seed']:4d} {r['j0']:9.1f} "
+            f"{r['heur']:9.1f} {r['heur_moves']:3d} "
             f"{r['plan']:9.1f} {r['plan_moves']:3d} {r['plan_ms']:6.1f} {r['plan0']:9.1f} {r['plan0_moves']:3d}")
     if "opt" in r:
         def gap_of(j):
             return (j - r["opt"]) / r["opt"] * 100 if r["opt"] > 1e-9 else 0.0
-        gap, gap0 = gap_of(r["plan"]), gap_of(r["plan0"])
+        gap = gap_of(r["plan"])
+        gap0 = (r["plan0"] - r["opt0"]) / r["opt0"] * 100 if r["opt0"] > 1e-9 else 0.0
         cap = (r["j0"] - r["plan"]) / (r["j0"] - r["opt"]) * 100 if r["j0"] - r["opt"] > 1e-9 else 100.0
         r["gap"], r["gap0"], r["captured"] = gap, gap0, cap
         flag = "" if r["status"] == "Optimal" else f" ({r['status']})"
@@ -148,13 +200,13 @@ def print_row(r: dict) -> None:
 
 def summary(rows: list[dict], milp: bool) -> None:
     print("\nsummary per family (mean over instances)")
-    print(f"{'family':17s} {'ancestor/J0':>11} {'planner/J0':>10}" + (f" {'gap %':>6} {'max gap':>7} {'gap0 %':>6} "
-                                                                        f"{'max gap0':>8} {'captured':>8} "
-                                                                        f"{'mv plan':>7} {'mv opt':>6}" if milp else ""))
+    extra = (f" {'gap %':>6} {'max gap':>7} {'gap0 %':>6} {'max gap0':>8} {'captured':>8} {'mv plan':>7} "
+             f"{'mv opt':>6}") if milp else ""
+    print(f"{'family':17s} {'ancestor/J0':>11} {'planner/J0':>10}" + extra)
     for fam in list(FAMILIES) + ["all"]:
         rs = [r for r in rows if fam in ("all", r["family"])]
-        h = statistics.mean(r["heur"] / r["j0"] for r in rs)
-        p = statistics.mean(r["plan"] / r["j0"] for r in rs)
+        h = statistics.mean(r["heur"] / r["j0"] if r["j0"] > 0 else 1.0 for r in rs)
+        p = statistics.mean(r["plan"] / r["j0"] if r["j0"] > 0 else 1.0 for r in rs)
         line = f"{fam:17s} {h:11.3f} {p:10.3f}"
         if milp:
             line += (f" {statistics.mean(r['gap'] for r in rs):6.1f} {max(r['gap'] for r in rs):7.1f} "
@@ -166,14 +218,44 @@ def summary(rows: list[dict], milp: bool) -> None:
         within = sum(r["gap"] <= 5.0 for r in rows)
         within0 = sum(r["gap0"] <= 5.0 for r in rows)
         fewer = sum(r["plan_moves"] <= r["opt_moves"] for r in rows)
-        fewer0 = sum(r["plan0_moves"] <= r["opt_moves"] for r in rows)
-        print(f"\nwithin 5% of the optimum: default {within}/{len(rows)}, no hysteresis {within0}/{len(rows)} instances; "
+        fewer0 = sum(r["plan0_moves"] <= r["opt0_moves"] for r in rows)
+        print(f"\nwithin 5% of the optimum: default {within}/{len(rows)}, "
+              f"no hysteresis {within0}/{len(rows)} instances; "
               f"no more moves than the optimum: default {fewer}/{len(rows)}, no hysteresis {fewer0}/{len(rows)}")
+
+
+def big_machine(limit_s: float, milp: bool) -> None:
+    """24 containers on the 224-CPU fixture, 4 moves: the planner against the MILP (symmetry rows on, the
+    planner's placement as its start)."""
+    print(f"\n24 containers on xeon-2s-112c-snc2 (224 CPUs), 4 moves per round, seed 3; MILP limit {limit_s:.0f} s")
+    print(f"{'family':17s} {'nothing':>9} {'planner':>9} {'mv':>3} {'plan ms':>7} {'optimum':>9} {'mv':>3} "
+          f"{'solve s':>7} {'sym rows':>8} {'gap %':>6} status")
+    for fam in FAMILIES:
+        sc = generate(fam, "xeon-2s-112c-snc2", 24, seed=3, rebalancer={"max_moves_per_round": 4})
+        cfg = sc.config()
+        prob = Problem.build(sc.node_model(cfg), sc.inputs(), cfg, now=0.0)
+        model = CostModel(cfg)
+        plan = Planner(cfg, model).plan(prob)
+        factor = 1.0 + cfg.gain_margin
+        j = objective(prob, model, *rows_of(prob, plan), factor)
+        ms = plan.duration_seconds * 1e3
+        line = f"{fam:17s} {plan.objective_before:9.1f} {j:9.1f} {len(plan.moves):3d} {ms:7.0f}"
+        if milp:
+            from cri_resmgr.rebalancer.exact import Encoder
+
+            # The planner's placement is the first incumbent (a MIP start): what remains is the proof.
+            enc = Encoder(prob, model, factor)
+            ex = enc.solve(limit_s, start=rows_of(prob, plan)[1])
+            gap = (j - ex.objective) / ex.objective * 100 if ex.objective > 1e-9 else 0.0
+            line += (f" {ex.objective:9.1f} {len(ex.choice):3d} {ex.seconds:7.1f} {enc.symmetry_rows:8d} {gap:6.1f} "
+                     f"{ex.status}")
+        print(line, flush=True)
 
 
 def scale_quality(n: int) -> None:
     print(f"\nquality at scale: {n} containers on xeon-2s-112c-snc2 (no exact optimum), J relative to doing nothing")
-    print(f"{'family':17s} {'nothing':>10} {'ancestor':>9} {'mv':>4} {'planner(4)':>10} {'mv':>3} {'planner(20)':>11} {'mv':>3}")
+    print(f"{'family':17s} {'nothing':>10} {'ancestor':>9} {'mv':>4} {'planner(4)':>10} {'mv':>3} "
+          f"{'planner(20)':>11} {'mv':>3}")
     for fam in FAMILIES:
         sc = generate(fam, "xeon-2s-112c-snc2", n, seed=1)
         out = []
@@ -192,34 +274,42 @@ def scale_quality(n: int) -> None:
 
 def plan_time(n: int = 500, repeats: int = 7) -> None:
     print(f"\nplan time: {n} containers on xeon-2s-112c-snc2 (224 CPUs); build = inputs -> model, plan = search")
-    print(f"{'family':17s} {'moves/round':>11} {'build ms':>9} {'plan ms':>8} {'total ms':>9} {'max ms':>7} {'cold ms':>8} {'moves':>5}")
+    print("(ms: wall-clock medians; cpu ms: process CPU time, less sensitive to a loaded machine)")
+    print(f"{'family':17s} {'moves/round':>11} {'build ms':>9} {'plan ms':>8} {'total ms':>9} {'max ms':>7} "
+          f"{'cold ms':>8} {'cpu ms':>7} {'moves':>5}")
     for fam in FAMILIES:
         sc = generate(fam, "xeon-2s-112c-snc2", n, seed=1)
         inputs = sc.inputs()
         for limit in (4, 20):
             cfg = sc.config(RebalancerConfig(max_moves_per_round=limit))
             node = sc.node_model(cfg)
-            builds, plans, totals = [], [], []
+            builds, plans, totals, cpus = [], [], [], []
             cold = None
             for _ in range(repeats):
+                c0 = time.process_time()
                 t0 = time.perf_counter()
                 prob = Problem.build(node, inputs, cfg, now=0.0)
                 t1 = time.perf_counter()
                 plan = Planner(cfg).plan(prob)
                 t2 = time.perf_counter()
+                cpus.append((time.process_time() - c0) * 1e3)
                 if cold is None:
                     cold = (t2 - t0) * 1e3
                 builds.append((t1 - t0) * 1e3)
                 plans.append((t2 - t1) * 1e3)
                 totals.append((t2 - t0) * 1e3)
             print(f"{fam:17s} {limit:11d} {statistics.median(builds):9.1f} {statistics.median(plans):8.1f} "
-                  f"{statistics.median(totals):9.1f} {max(totals):7.1f} {cold:8.1f} {len(plan.moves):5d}")
+                  f"{statistics.median(totals):9.1f} {max(totals):7.1f} {cold:8.1f} {statistics.median(cpus):7.1f} "
+                  f"{len(plan.moves):5d}")
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer instances (12 containers, one seed)")
     ap.add_argument("--time-limit", type=float, default=120.0, help="MILP time limit per instance, seconds")
+    ap.add_argument("--budget", type=int, default=4, help="moves per round for the binding-budget table")
+    ap.add_argument("--random", type=int, default=60, help="random instances (families, machines, sizes, budgets)")
+    ap.add_argument("--only", choices=("quality", "random", "big", "scale", "time"), help="run one part")
     args = ap.parse_args()
     try:
         import highspy  # noqa: F401
@@ -229,12 +319,24 @@ def main() -> int:
         print("highspy is not installed (pip install '.[bench]'): no exact optimum column")
         milp = False
     sizes, seeds = ([12], [0]) if args.quick else ([12, 24], [0, 1])
-    print(f"plan quality on {SMALL.name} ({SMALL.cpus} CPUs, 4 NUMA nodes, SST-BF), J = H×I + M, lower is better")
-    print_header(milp)
-    rows = quality(sizes, seeds, milp, args.time_limit)
-    summary(rows, milp)
-    scale_quality(200)
-    plan_time()
+    if args.only in (None, "quality"):
+        for budget in (None, args.budget):
+            what = "moves not limited" if budget is None else f"binding budget: {budget} moves per round"
+            print(f"\nplan quality on {SMALL.name} ({SMALL.cpus} CPUs, 4 NUMA nodes, SST-BF), {what}; "
+                  "J = H×I + M, lower is better")
+            print_header(milp)
+            summary(quality(sizes, seeds, milp, args.time_limit, budget), milp)
+    if args.only in (None, "random"):
+        count = 12 if args.quick else args.random
+        print(f"\n{count} random instances ({SMALL.name}, {MID.name}; 8-24 containers; budgets 2-n)")
+        print_header(milp)
+        summary(random_instances(count, milp, args.time_limit), milp)
+    if args.only in (None, "big"):
+        big_machine(min(args.time_limit, 60.0), milp)
+    if args.only in (None, "scale"):
+        scale_quality(200)
+    if args.only in (None, "time"):
+        plan_time()
     return 0
 
 

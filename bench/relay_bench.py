@@ -7,11 +7,15 @@ client). Then, with a few pods running so that ListContainers has something to s
 1. 2000 calls each of Version and ListContainers, direct / relay / naive interleaved: p50 and p99;
 2. the same while the agent collects every 0.5 s and a separate process scrapes its /metrics every 0.1 s;
 3. whole pod lifecycles (RunPodSandbox, CreateContainer, StartContainer, StopContainer, RemoveContainer,
-   StopPodSandbox, RemovePodSandbox), direct and relay interleaved: median and p90.
+   StopPodSandbox, RemovePodSandbox), direct and relay interleaved: median and p90;
+4. CreateContainer of a Guaranteed container (exclusive placement) whose pod carries 1,000 annotation entries
+   (an affinity list naming 1,000 containers among them) with 500 containers in the relay's cache, direct and
+   relay interleaved (each created container removed again): median and p90.
 
 Needs root, containerd, runc and busybox-static (``make test`` installs them).
 
-    .venv/bin/python bench/relay_bench.py [--calls 2000] [--lifecycles 30]
+    .venv/bin/python bench/relay_bench.py [--calls 2000] [--lifecycles 30] [--phases 1,2,3,4]
+        [--cache-containers 500] [--creates 30]
 """
 
 from __future__ import annotations
@@ -26,15 +30,14 @@ import time
 from pathlib import Path
 
 import _util  # noqa: F401  (puts the repo on sys.path)
+import grpc
+from cri_api.v1 import api_pb2 as pb
+from cri_api.v1 import api_pb2_grpc as pbg
 
-import grpc  # noqa: E402
-from cri_api.v1 import api_pb2 as pb  # noqa: E402
-from cri_api.v1 import api_pb2_grpc as pbg  # noqa: E402
-
-from tests.integration.containerd import Containerd, missing_prerequisites  # noqa: E402
-from tests.integration.cri import CriClient, Kubelet, PodSpec, container_config  # noqa: E402
-from tests.integration.helpers import AgentProcess  # noqa: E402
-from tests.integration.relay.harness import RelayProcess  # noqa: E402
+from tests.integration.containerd import Containerd, missing_prerequisites
+from tests.integration.cri import CriClient, Kubelet, PodSpec, container_config, guaranteed
+from tests.integration.helpers import AgentProcess
+from tests.integration.relay.harness import RelayProcess
 
 NAIVE = textwrap.dedent("""
     import sys, grpc
@@ -91,7 +94,8 @@ def report(title: str, lat: dict[str, list[float]]) -> None:
     print(f"  {title}")
     for k, xs in lat.items():
         p50, p99 = pct(xs, 0.5), pct(xs, 0.99)
-        extra = "" if k == "direct" else f"   added p50 {1e3 * (p50 - base50):+.3f} ms  p99 {1e3 * (p99 - base99):+.3f} ms"
+        extra = "" if k == "direct" else \
+            f"   added p50 {1e3 * (p50 - base50):+.3f} ms  p99 {1e3 * (p99 - base99):+.3f} ms"
         print(f"    {k:7s} p50 {1e3 * p50:7.3f} ms  p99 {1e3 * p99:7.3f} ms{extra}")
 
 
@@ -112,11 +116,47 @@ def lifecycle(k: Kubelet, i: int) -> float:
     return time.perf_counter() - t0
 
 
+def crowded_creates(kd: Kubelet, kr: Kubelet, n_cached: int, n: int) -> None:
+    crowd = kr.run_pod(PodSpec("crowd", qos="BestEffort"))
+    t0 = time.perf_counter()
+    for i in range(n_cached):  # created, not started: in the relay's cache without a process each
+        kr.create(crowd, container_config(f"c{i}"))
+    print(f"    {n_cached} containers created through the relay in {time.perf_counter() - t0:.1f} s")
+    ann = {f"example.com/key-{i}": f"value-{i}" for i in range(999)}
+    ann["cri-resmgr.io/affinity"] = ",".join(f"crowd/c{i}" for i in range(1000))
+    # "direct+cpuset": direct, with the cpuset the relay would write: what the runtime itself takes for it.
+    pods = {"direct": (kd, kd.run_pod(PodSpec("annotated-d", qos="Guaranteed", annotations=ann))),
+            "relay": (kr, kr.run_pod(PodSpec("annotated-r", qos="Guaranteed", annotations=ann))),
+            "direct+cpuset": (kd, kd.run_pod(PodSpec("annotated-c", qos="Guaranteed", annotations=ann)))}
+    lat: dict[str, list[float]] = {k: [] for k in pods}
+    for i in range(n + 3):
+        for k, (kube, pod) in pods.items():
+            cfg = guaranteed(f"g{i}", 1000)
+            if k == "direct+cpuset":
+                cfg.linux.resources.cpuset_cpus, cfg.linux.resources.cpuset_mems = "1", "0"
+            t0 = time.perf_counter()
+            cid = kube.create(pod, cfg)
+            dt = time.perf_counter() - t0
+            kube.c.runtime.RemoveContainer(pb.RemoveContainerRequest(container_id=cid), timeout=30)
+            pod.containers.pop(cfg.metadata.name, None)
+            if i >= 3:  # warm-up
+                lat[k].append(dt)
+    d50 = statistics.median(lat["direct"])
+    for k, xs in lat.items():
+        m = statistics.median(xs)
+        print(f"    {k:13s} median {1e3 * m:7.2f} ms  p90 {1e3 * pct(xs, 0.9):7.2f} ms"
+              + ("" if k == "direct" else f"   {1e3 * (m - d50):+.2f} ms vs direct"))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--calls", type=int, default=2000)
     ap.add_argument("--lifecycles", type=int, default=30)
+    ap.add_argument("--phases", default="1,2,3,4", help="which of the phases above to run")
+    ap.add_argument("--cache-containers", type=int, default=500)
+    ap.add_argument("--creates", type=int, default=30)
     args = ap.parse_args()
+    phases = {int(x) for x in args.phases.split(",") if x}
     reason = missing_prerequisites()
     if reason:
         print(f"relay_bench: skipped: {reason}")
@@ -129,7 +169,8 @@ def main() -> int:
     try:
         cd.start()
         cd.import_images()
-        relay = RelayProcess(base / "relay", cd.socket).start()
+        # The relay as deployed: the default reconcile interval (the test harness reconciles every 0.5 s).
+        relay = RelayProcess(base / "relay", cd.socket, {"relay": {"reconcile_interval_seconds": 5.0}}).start()
         naive_sock = base / "naive.sock"
         naive = subprocess.Popen([sys.executable, "-c", NAIVE, str(cd.socket), str(naive_sock)],
                                  stdout=subprocess.PIPE, text=True)
@@ -146,31 +187,40 @@ def main() -> int:
 
         print(f"relay bench: containerd {bg.c.runtime.Version(pb.VersionRequest()).runtime_version}, "
               f"5 pods running, {args.calls} calls per target, interleaved (direct, relay, naive grpcio relay)")
-        print("1. idle node")
-        unary_rounds(stubs, args.calls)
+        if 1 in phases:
+            print("1. idle node")
+            unary_rounds(stubs, args.calls)
 
-        print("2. agent collecting every 0.5 s, /metrics scraped every 0.1 s by another process")
-        (base / "agent").mkdir()
-        agent = AgentProcess(base / "agent").start()
-        scraper = subprocess.Popen([sys.executable, "-c", SCRAPER, agent.url + "/metrics", "600"],
-                                   stdout=subprocess.PIPE, text=True)
-        procs.append(scraper)
-        unary_rounds(stubs, args.calls)
-        scraper.terminate()
+        if 2 in phases:
+            print("2. agent collecting every 0.5 s, /metrics scraped every 0.1 s by another process")
+            (base / "agent").mkdir()
+            agent = AgentProcess(base / "agent").start()
+            scraper = subprocess.Popen([sys.executable, "-c", SCRAPER, agent.url + "/metrics", "600"],
+                                       stdout=subprocess.PIPE, text=True)
+            procs.append(scraper)
+            unary_rounds(stubs, args.calls)
+            scraper.terminate()
 
-        print(f"3. pod lifecycles x{args.lifecycles} (run pod, create, start, stop, remove container, stop, remove pod)")
         kd = Kubelet(CriClient(cd.socket), cd.cgroup_parent, base / "logs")
         kr = Kubelet(CriClient(relay.socket), cd.cgroup_parent, base / "logs")
         kubes += [kd, kr]
-        lat = {"direct": [], "relay": []}
-        for i in range(args.lifecycles):
-            lat["direct"].append(lifecycle(kd, 2 * i))
-            lat["relay"].append(lifecycle(kr, 2 * i + 1))
-        d50 = statistics.median(lat["direct"])
-        for k, xs in lat.items():
-            m = statistics.median(xs)
-            print(f"    {k:7s} median {1e3 * m:7.1f} ms  p90 {1e3 * pct(xs, 0.9):7.1f} ms"
-                  + ("" if k == "direct" else f"   {100 * (m - d50) / d50:+.1f}% vs direct"))
+        if 3 in phases:
+            print(f"3. pod lifecycles x{args.lifecycles} "
+                  "(run pod, create, start, stop, remove container, stop, remove pod)")
+            lat = {"direct": [], "relay": []}
+            for i in range(args.lifecycles):
+                lat["direct"].append(lifecycle(kd, 2 * i))
+                lat["relay"].append(lifecycle(kr, 2 * i + 1))
+            d50 = statistics.median(lat["direct"])
+            for k, xs in lat.items():
+                m = statistics.median(xs)
+                print(f"    {k:7s} median {1e3 * m:7.1f} ms  p90 {1e3 * pct(xs, 0.9):7.1f} ms"
+                      + ("" if k == "direct" else f"   {100 * (m - d50) / d50:+.1f}% vs direct"))
+
+        if 4 in phases:
+            print(f"4. CreateContainer x{args.creates}, Guaranteed, pod with 1,000 annotation entries, "
+                  f"{args.cache_containers} containers in the relay's cache")
+            crowded_creates(kd, kr, args.cache_containers, args.creates)
         for c in chans.values():
             c.close()
     finally:

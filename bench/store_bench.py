@@ -8,13 +8,10 @@ which is what a hand-rolled "dict of lists" store does. Prints medians; asserts 
 
 from __future__ import annotations
 
-
 import numpy as np
+from _util import median_time
 
-from _util import median_time  # noqa: E402  (also puts the repo on sys.path)
-
-from cri_resmgr.store import Sample, Store, heatmap, query_range  # noqa: E402
-
+from cri_resmgr.store import Sample, Store, heatmap, query_range
 
 timeit = median_time
 
@@ -40,12 +37,12 @@ def main():
     def ingest_samples():
         s = Store(retention_seconds=3600)
         for r in range(nrows):
-            s.append("t", 1000.0 + r, [Sample(m, lab, v) for (m, lab), v in zip(keys, vals[r])])
+            s.append("t", 1000.0 + r, [Sample(m, lab, v) for (m, lab), v in zip(keys, vals[r], strict=True)])
 
     def ingest_baseline():
         d: dict = {}
         for r in range(nrows):
-            for (m, lab), v in zip(keys, vals[r]):
+            for (m, lab), v in zip(keys, vals[r], strict=True):
                 d.setdefault((m, tuple(sorted(lab.items()))), []).append((1000.0 + r, v))
 
     tb = timeit(ingest_baseline, 3)
@@ -100,7 +97,7 @@ def main():
         for c in range(256):
             vs = V[:, c]
             buckets: dict = {}
-            for t, v in zip(ts.tolist(), vs.tolist()):
+            for t, v in zip(ts.tolist(), vs.tolist(), strict=True):
                 buckets.setdefault(int((t - 1000) // 5), []).append(v)
 
     row("heatmap 256 rows x 720 steps (ms)", timeit(hm, 5) * 1e3, timeit(hm_base, 3) * 1e3, "ms", "<= 20 ms")
@@ -112,12 +109,11 @@ def main():
         plain = tab.count * (ncols * 8 + 8)  # a float64 ring with a shared float64 time axis
         return tab.nbytes() / (tab.count * ncols), plain / (tab.count * ncols)
 
-    tab = s2.tables["t"]
     import pickle
 
     _, V = s2.raw_matrix("t", list(range(16)), 0, 1e12)
     tsr, _ = s2.raw_matrix("t", [], 0, 1e12)
-    py = len(pickle.dumps({c: [(float(t), float(v)) for t, v in zip(tsr, V[:, c])] for c in range(16)}))
+    py = len(pickle.dumps({c: [(float(t), float(v)) for t, v in zip(tsr, V[:, c], strict=True)] for c in range(16)}))
     ours, plain = per_sample(s2, "t")
     print(f"{'bytes/sample, random floats (worst case)':<44} {ours:>12.2f} {'B':<10} baseline "
           f"{plain:>12.2f} {'B (float64 ring)':<10} x{plain / ours:>7.1f}   target <= 5")
@@ -130,8 +126,8 @@ def main():
 
 def agent_shaped_store(containers: int = 200, rows: int = 3600):
     """What the cgroup collector writes for ``containers`` busy containers over an hour at 1 s: CPU seconds
-    as it computes them (cgroup v2 ``usage_usec`` / 1e6), throttling counters, memory usage and working set in pages, a limit that
-    does not change, and an up flag."""
+    as it computes them (cgroup v2 ``usage_usec`` / 1e6), throttling counters, memory usage and working set in
+    pages, a limit that does not change, and an up flag."""
     rng = np.random.default_rng(11)
     s = Store(retention_seconds=rows)
     names = ["cpu_usage_seconds_total", "cpu_throttled_periods_total", "cpu_throttled_seconds_total",

@@ -11,22 +11,27 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from . import metrics as M
+from .clock import SteadyClock
 from .collectors.avx512 import Avx512Collector
 from .collectors.base import Collector, CollectorUnavailable
-from .collectors.cgroup import CgroupCollector
+from .collectors.cgroup import CgroupCollector, runtime_names
 from .collectors.cpu import CpuCollector
-from .collectors.names import RuntimeNames
 from .collectors.perf import PerfCollector
 from .collectors.rdt import RdtCollector
+from .collectors.series import Cardinality, SeriesFilter
 from .collectors.sst import SstCollector
 from .config import Config, ConfigError, load_config
-from .export.prometheus import DirectSample
+from .export.exposition import DirectSample
 from .export.remote_write import RemoteWriter
-from .store import Store
-from .store import checkpoint
+from .store import Store, checkpoint
+from .supervise import LoopStatus, start_supervised
 from .topology import Topology, discover
+
+if TYPE_CHECKING:
+    from .rebalancer.service import RebalancerService
 
 log = logging.getLogger("cri_resmgr")
 
@@ -128,19 +133,23 @@ def prepare_dirs(cfg: Config) -> tuple[Path, Path, list[str]]:
 
 class Agent:
     def __init__(self, cfg: Config, config_path: Path | None = None, flags: dict | None = None,
-                 env: dict | None = None):
-        self.config = ConfigState(cfg, str(config_path) if config_path else None)
+                 env: dict | None = None, clock: SteadyClock | None = None):
+        # The running configuration is self.cfg; this is it plus where it came from and how reloads went.
+        self.config_state = ConfigState(cfg, str(config_path) if config_path else None)
         self.config_path = config_path
         self.flags = flags or {}
         self.env = env
         self.started = time.time()
         self.topology: Topology = Topology()
         self.store = Store(cfg.store.retention_seconds, cfg.store.max_series)
+        # series.disable / series.drop_labels, applied to every collector's samples before the store
+        self.series_filter = SeriesFilter(lambda: self.cfg.series)
+        self.cardinality = Cardinality(self.store, self.series_filter)
         self.collectors: dict[str, Collector] = {}
         self.health: dict[str, CollectorHealth] = {}
         self.restore_note: str | None = None
         self.remote_write: RemoteWriter | None = None
-        self.rebalancer = None  # rebalancer.service.RebalancerService, from start()
+        self.rebalancer: RebalancerService | None = None  # from start()
         self._threads: dict[str, threading.Thread] = {}
         self._stop = threading.Event()
         self._wake: dict[str, threading.Event] = {}
@@ -148,10 +157,18 @@ class Agent:
         self._logged_errors: dict[str, str] = {}
         self.run_dir: Path = cfg.run_dir
         self.state_dir: Path = cfg.state_dir
+        # Sample timestamps: wall-clock seconds that never step back (clock.py); tests inject the wall clock.
+        self.clock = clock or SteadyClock()
+        self.loops: dict[str, LoopStatus] = {}  # supervised background loops, /api/v1/loops
+        self.checkpoint_errors_total = 0
+        self._reload_lock = threading.Lock()  # SIGHUP and POST /api/v1/config/reload, one at a time
+
+    def now(self) -> float:
+        return self.clock()
 
     @property
     def cfg(self) -> Config:
-        return self.config.active
+        return self.config_state.active
 
     # -- lifecycle ---------------------------------------------------------------------------------
     def start(self) -> None:
@@ -165,26 +182,30 @@ class Agent:
             log.warning("no CPUs found under %s; per-CPU labels will be incomplete", self.cfg.paths.sysfs)
         self._build_collectors()
         if self.cfg.store.checkpoint:
-            res = checkpoint.restore(self.store, self.state_dir, self._interval_of)
-            if res.error:
-                self.restore_note = res.error
+            res = checkpoint.restore(self.store, self.state_dir, self._interval_of, now=self.now())
+            if res.error or res.note:
+                self.restore_note = res.error or res.note
             elif res.restored:
                 log.info("restored %d series from %s", res.series, self.state_dir / checkpoint.FILENAME)
         for name in self.collectors:
             self._start_thread(name)
         if self.cfg.store.checkpoint:
-            t = threading.Thread(target=self._checkpoint_loop, name="checkpoint", daemon=True)
-            t.start()
-            self._threads["checkpoint"] = t
+            self._supervise("checkpoint", self._checkpoint_loop)
         # Reads export.remote_write on every cycle, so a reload can turn it on, change it or turn it off.
         self.remote_write = RemoteWriter(lambda: self.cfg.export.remote_write, self.store, self.self_metrics,
-                                         self.cfg.node_name)
+                                         self.cfg.node_name, clock=self.now)
         self.remote_write.start()
+        self.loops["remote_write"] = self.remote_write.loop_status
         # Rounds every rebalancer.interval_seconds; mode advise by default (docs/rebalancer.md).
         from .rebalancer.service import RebalancerService
 
-        self.rebalancer = RebalancerService(self)
-        self._threads["rebalancer"] = self.rebalancer.start(self._stop)
+        rebalancer = self.rebalancer = RebalancerService(self)
+        self._supervise("rebalancer", lambda: rebalancer._loop(self._stop))
+
+    def _supervise(self, name: str, target) -> None:
+        """Run a background loop that is restarted after an error, counted, and shown in /api/v1/loops."""
+        self.loops[name] = LoopStatus(name)
+        self._threads[name] = start_supervised(self.loops[name], target, self._stop)
 
     def stop(self) -> None:
         self._stop.set()
@@ -210,12 +231,9 @@ class Agent:
 
     def _build_collectors(self) -> None:
         c = self.cfg.collectors
-        self.collectors = {
-            "cgroup": CgroupCollector(self.cfg.paths.cgroup, c.cgroup, names=self._runtime_names(c.cgroup)),
-            "cpu": CpuCollector(self.cfg.paths.proc, self.topology),
-        }
+        cgroup = CgroupCollector(self.cfg.paths.cgroup, c.cgroup, names=runtime_names(c.cgroup))
+        self.collectors = {"cgroup": cgroup, "cpu": CpuCollector(self.cfg.paths.proc, self.topology)}
         # Hardware collectors attribute to the containers the cgroup collector discovers (one discovery).
-        cgroup = self.collectors["cgroup"]
         self.collectors["perf"] = PerfCollector(self.cfg.paths.cgroup, c.perf, cgroup, self.topology)
         self.collectors["rdt"] = RdtCollector(self.cfg.paths.resctrl, self.cfg.paths.cgroup, c.rdt, cgroup)
         self.collectors["sst"] = SstCollector(self.cfg.paths.sysfs, c.sst, self.topology)
@@ -224,10 +242,6 @@ class Agent:
             cc = getattr(c, name)
             self.health[name] = CollectorHealth(name, enabled=cc.enabled, interval_seconds=cc.interval_seconds,
                                                 reason="not run yet" if cc.enabled else "disabled in config")
-
-    @staticmethod
-    def _runtime_names(cc) -> RuntimeNames | None:
-        return RuntimeNames(cc.runtime_socket, cc.names_refresh_seconds) if cc.runtime_socket else None
 
     def _start_thread(self, name: str) -> None:
         self._wake[name] = threading.Event()
@@ -245,19 +259,19 @@ class Agent:
             h.up, h.reason = False, "disabled in config"
             return
         t0 = time.monotonic()
-        now = time.time()
+        now = self.now()
         try:
             probe = col.probe()
             if not probe.ok:
                 raise CollectorUnavailable(probe.reason)
-            samples = col.collect(now)
+            samples = self.series_filter.apply(col.collect(now))
             self.store.append(name, now, samples, cc.interval_seconds)
             h.up, h.reason, h.last_error = True, col.status() or probe.reason or "ok", None
             self._logged_errors.pop(name, None)
         except CollectorUnavailable as e:
             h.up, h.reason = False, str(e)
             self._log_once(name, f"collector {name} is down: {e}")
-        except Exception as e:  # a broken collector must not take the agent down
+        except Exception as e:  # noqa: BLE001 - a broken collector must not take the agent down (logged below)
             h.up, h.reason = False, f"error: {type(e).__name__}: {e}"
             h.errors_total += 1
             h.last_error = h.reason
@@ -285,7 +299,10 @@ class Agent:
         while not self._stop.wait(self.cfg.store.checkpoint_interval_seconds):
             try:
                 checkpoint.save(self.store, self.state_dir)
-            except OSError as e:
+                self._logged_errors.pop("checkpoint", None)
+            except OSError as e:  # a full or read-only disk: counted, retried next interval
+                self.checkpoint_errors_total += 1
+                self.loops["checkpoint"].last_error = f"checkpoint to {self.state_dir} failed: {e}"
                 self._log_once("checkpoint", f"checkpoint to {self.state_dir} failed: {e}")
 
     def ready(self) -> bool:
@@ -293,8 +310,13 @@ class Agent:
 
     # -- configuration -----------------------------------------------------------------------------
     def reload(self) -> bool:
-        """Re-read the config file. A bad file is rejected and the running config stays."""
-        st = self.config
+        """Re-read the config file. A bad file is rejected and the running config stays. Serialised: SIGHUP
+        and the API may ask at the same time."""
+        with self._reload_lock:
+            return self._reload()
+
+    def _reload(self) -> bool:
+        st = self.config_state
         try:
             new = load_config(self.config_path, env=self.env, flags=self.flags)
         except ConfigError as e:
@@ -308,23 +330,17 @@ class Agent:
         keep = {k: getattr(old, k) for k in pending}
         st.active = new.model_copy(update=keep)
         st.pending_restart = pending
+        for name in self.collectors:
+            # A table's rows cover the retention at its collector's interval: a new interval re-sizes it.
+            interval = getattr(st.active.collectors, name).interval_seconds
+            if interval != getattr(old.collectors, name).interval_seconds:
+                self.store.resize(name, interval)
         st.reloads_total += 1
         st.last_reload_time = time.time()
         st.last_error = None
         logging.getLogger().setLevel(st.active.log_level.upper())
         for name, col in self.collectors.items():
-            if isinstance(col, CgroupCollector):
-                new_cc = st.active.collectors.cgroup
-                if (new_cc.runtime_socket, new_cc.names_refresh_seconds) != (
-                        col.cfg.runtime_socket, col.cfg.names_refresh_seconds):
-                    if col.names is not None:
-                        col.names.close()
-                    col.names = self._runtime_names(new_cc)
-                col.cfg = new_cc
-            elif hasattr(col, "reconfigure"):
-                col.reconfigure(getattr(st.active.collectors, name))
-            elif isinstance(col, SstCollector):
-                col.cfg = st.active.collectors.sst
+            col.reconfigure(getattr(st.active.collectors, name))
             self._wake.get(name, threading.Event()).set()
         log.info("configuration reloaded%s", f"; restart needed for: {', '.join(pending)}" if pending else "")
         return True
@@ -337,10 +353,18 @@ class Agent:
             out.append(DirectSample(M.COLLECTOR_UP, lab, 1.0 if h.up else 0.0))
             out.append(DirectSample(M.COLLECTOR_DURATION, lab, h.last_duration_seconds))
             out.append(DirectSample(M.COLLECTOR_ERRORS, lab, float(h.errors_total)))
-        out.append(DirectSample(M.CONFIG_RELOAD_ERRORS, {}, float(self.config.reload_errors_total)))
-        out.append(DirectSample(M.CONFIG_RELOADS, {}, float(self.config.reloads_total)))
+        out.append(DirectSample(M.CONFIG_RELOAD_ERRORS, {}, float(self.config_state.reload_errors_total)))
+        out.append(DirectSample(M.CONFIG_RELOADS, {}, float(self.config_state.reloads_total)))
         out.append(DirectSample(M.STORE_SERIES, {}, float(self.store.series_count)))
-        out.append(DirectSample(M.STORE_DROPPED, {}, float(self.store.dropped_samples)))
+        out.append(DirectSample(M.STORE_DROPPED, {}, float(self.store.dropped_series)))
+        out.append(DirectSample(M.STORE_CHECKPOINT_ERRORS, {}, float(self.checkpoint_errors_total)))
+        out.append(DirectSample(M.STORE_ROWS_OUT_OF_ORDER, {}, float(self.store.rows_out_of_order)))
+        out.append(DirectSample(M.CLOCK_AHEAD, {}, float(self.clock.ahead_seconds)))
+        for loop in self.loops.values():
+            out.append(DirectSample(M.LOOP_RESTARTS, {"loop": loop.name}, float(loop.restarts_total)))
+        out += self.cardinality.self_metrics()
+        out += [DirectSample(M.SERIES_DISABLED_SAMPLES, {"family": f}, float(n))
+                for f, n in sorted(self.series_filter.dropped_samples.items())]
         if self.remote_write is not None and self.cfg.export.remote_write is not None:
             out += self.remote_write.self_metrics()
         return out

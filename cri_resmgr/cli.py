@@ -1,4 +1,4 @@
-"""Command line: ``cri-resmgr run|relay|topology|config|demo|fixture``.
+"""Command line: ``cri-resmgr run|relay|nri|topology|config|demo|fixture``.
 
 Exit status: 0 ok, 1 runtime failure (already running, cannot bind), 2 bad configuration or usage.
 """
@@ -8,16 +8,12 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import signal
 import sys
 from pathlib import Path
 
 from . import __version__
 from .config import ConfigError, load_config
-
-log = logging.getLogger("cri_resmgr")
-
-EXIT_OK, EXIT_FAIL, EXIT_CONFIG = 0, 1, 2
+from .exitcode import ExitCode
 
 
 def _common_config_args(p: argparse.ArgumentParser) -> None:
@@ -48,54 +44,13 @@ def _load(args: argparse.Namespace):
         return load_config(args.config, flags=_flags(args))
     except ConfigError as e:
         print(e.render(), file=sys.stderr)
-        raise SystemExit(EXIT_CONFIG) from None
+        raise SystemExit(ExitCode.CONFIG) from None
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    cfg = _load(args)
-    logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    import uvicorn
+    from .serve import serve
 
-    from .agent import Agent, AlreadyRunning
-    from .web.app import create_app
-
-    agent = Agent(cfg, args.config, flags=_flags(args))
-    try:
-        agent.start()
-    except AlreadyRunning as e:
-        print(f"cri-resmgr: {e}", file=sys.stderr)
-        return EXIT_FAIL
-    except PermissionError as e:
-        print(f"cri-resmgr: cannot create {e.filename}: {e.strerror}", file=sys.stderr)
-        return EXIT_FAIL
-
-    server: uvicorn.Server | None = None
-
-    def on_hup(_sig, _frm):
-        agent.reload()
-
-    def on_term(_sig, _frm):
-        # uvicorn installs its own handler while serving and re-raises the signal after shutdown;
-        # this handler then only makes sure the server stops, so the checkpoint below still runs.
-        if server is not None:
-            server.should_exit = True
-
-    signal.signal(signal.SIGHUP, on_hup)
-    signal.signal(signal.SIGTERM, on_term)
-    signal.signal(signal.SIGINT, on_term)
-    host, port = cfg.listen_address()
-    ucfg = uvicorn.Config(create_app(agent), host=host, port=port, log_level=cfg.log_level,
-                          access_log=False, lifespan="off")
-    server = uvicorn.Server(ucfg)
-    log.info("cri-resmgr %s on node %s listening on http://%s:%d", __version__, cfg.node_name, host, port)
-    try:
-        server.run()
-    finally:
-        agent.stop()
-    if not server.started:
-        print(f"cri-resmgr: could not serve on {cfg.listen}", file=sys.stderr)
-        return EXIT_FAIL
-    return EXIT_OK
+    return serve(_load(args), args.config, _flags(args))
 
 
 def cmd_topology(args: argparse.Namespace) -> int:
@@ -106,14 +61,14 @@ def cmd_topology(args: argparse.Namespace) -> int:
     topo = discover(cfg.paths.sysfs)
     if not topo.cpus:
         print(f"cri-resmgr: no CPUs found under {cfg.paths.sysfs}/devices/system/cpu", file=sys.stderr)
-        return EXIT_FAIL
+        return ExitCode.FAIL
     if args.json:
         from .web.app import topology_model
 
         print(json.dumps(topology_model(topo).model_dump(), indent=2))
     else:
         print(render_tree(topo))
-    return EXIT_OK
+    return ExitCode.OK
 
 
 def cmd_config(args: argparse.Namespace) -> int:
@@ -121,7 +76,7 @@ def cmd_config(args: argparse.Namespace) -> int:
     import yaml
 
     print(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False), end="")
-    return EXIT_OK
+    return ExitCode.OK
 
 
 def cmd_fixture(args: argparse.Namespace) -> int:
@@ -129,10 +84,10 @@ def cmd_fixture(args: argparse.Namespace) -> int:
 
     if args.machine not in MACHINES:
         print(f"cri-resmgr: unknown machine {args.machine!r}; choose from {', '.join(MACHINES)}", file=sys.stderr)
-        return EXIT_CONFIG
+        return ExitCode.CONFIG
     out = build_sysfs(MACHINES[args.machine], args.dir)
     print(f"wrote sysfs tree for {args.machine} to {out}")
-    return EXIT_OK
+    return ExitCode.OK
 
 
 def cmd_relay(args: argparse.Namespace) -> int:
@@ -140,38 +95,58 @@ def cmd_relay(args: argparse.Namespace) -> int:
     logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from .relay.server import run
 
-    return run(cfg)
+    return run(cfg, lambda: load_config(args.config, flags=_flags(args)))  # SIGHUP re-reads the file
+
+
+def cmd_nri(args: argparse.Namespace) -> int:
+    cfg = _load(args)
+    logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from .nri.server import run
+
+    return run(cfg, lambda: load_config(args.config, flags=_flags(args)))  # SIGHUP re-reads the file
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
-    return run_demo(args)
+    return run_demo(_load(args), args.config, _flags(args), cpu_quota=args.cpu_quota, clean=args.clean)
+
+
+class _VersionAction(argparse.Action):
+    """``--version``: the version and the optional parts this install has (cri_resmgr/parts.py)."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs) -> None:
+        super().__init__(option_strings, dest, nargs=0, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, *_args) -> None:
+        from .parts import render
+
+        print(render(__version__))
+        parser.exit()
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="cri-resmgr", description=__doc__.splitlines()[0])
-    p.add_argument("--version", action="version", version=f"cri-resmgr {__version__}")
+    p.add_argument("--version", action=_VersionAction, help="print the version and which optional parts are present")
     sub = p.add_subparsers(dest="cmd", required=True)
-    r = sub.add_parser("run", help="run the node agent")
-    _common_config_args(r)
-    r.set_defaults(fn=cmd_run)
-    t = sub.add_parser("topology", help="print the CPU/cache/NUMA topology as a tree")
-    _common_config_args(t)
-    t.add_argument("--json", action="store_true", help="print JSON (the /api/v1/topology shape)")
-    t.set_defaults(fn=cmd_topology)
-    c = sub.add_parser("config", help="validate the configuration and print the effective result")
-    _common_config_args(c)
-    c.set_defaults(fn=cmd_config)
-    rl = sub.add_parser("relay", help="run the CRI relay between kubelet and the runtime (docs/relay.md)")
-    _common_config_args(rl)
-    rl.set_defaults(fn=cmd_relay)
-    dm = sub.add_parser("demo", help="the agent plus labelled sample workloads in their own cgroups (root)")
-    _common_config_args(dm)
+    # Subcommands that read the configuration: name, help, handler.
+    configured = [
+        ("run", "run the node agent", cmd_run),
+        ("topology", "print the CPU/cache/NUMA topology as a tree", cmd_topology),
+        ("config", "validate the configuration and print the effective result", cmd_config),
+        ("relay", "run the CRI relay between kubelet and the runtime (docs/relay.md)", cmd_relay),
+        ("nri", "run as an NRI plugin of containerd >= 1.7 / CRI-O >= 1.26 (docs/nri.md)", cmd_nri),
+        ("demo", "the agent plus labelled sample workloads in their own cgroups (root)", cmd_demo),
+    ]
+    subs: dict[str, argparse.ArgumentParser] = {}
+    for name, help_text, handler in configured:
+        subs[name] = sub.add_parser(name, help=help_text)
+        _common_config_args(subs[name])
+        subs[name].set_defaults(fn=handler)
+    subs["topology"].add_argument("--json", action="store_true", help="print JSON (the /api/v1/topology shape)")
     from .demo import add_arguments as _demo_arguments
 
-    _demo_arguments(dm)
-    dm.set_defaults(fn=cmd_demo)
+    _demo_arguments(subs["demo"])
     f = sub.add_parser("fixture", help="write a fake sysfs tree for a known machine (tests, demos)")
     f.add_argument("machine", help="this-vm, xeon-2s-112c-snc2, epyc-1s-64c-8l3, small-offline-isolated")
     f.add_argument("dir", type=Path)

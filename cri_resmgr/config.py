@@ -17,16 +17,29 @@ offending line; :class:`ConfigError` carries the list.
 from __future__ import annotations
 
 import copy
+import ipaddress
 import os
 import socket
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_serializer,
+    field_validator,
+    model_validator,
+)
 
 ENV_PREFIX = "CRI_RESMGR_"
+# Bounds of every loop interval: below, a loop would spin (1e-6 s was accepted once); above, it never runs.
+MIN_INTERVAL_SECONDS = 0.1
+MAX_INTERVAL_SECONDS = 86400.0
 
 
 class ConfigError(Exception):
@@ -55,16 +68,17 @@ class Paths(_Strict):
     cgroup: Path = Path("/sys/fs/cgroup")
     proc: Path = Path("/proc")
     resctrl: Path = Path("/sys/fs/resctrl")
+    dev: Path = Field(Path("/dev"), description="device nodes (block-IO class device patterns)")
 
 
 class StoreConfig(_Strict):
-    retention_seconds: float = Field(3600.0, gt=0, description="how much history each series keeps")
+    retention_seconds: float = Field(3600.0, ge=10, le=30 * 86400, description="how much history each series keeps")
     resolution_seconds: float = Field(
         1.0, gt=0, description="finest expected sample interval; sizes the ring buffers"
     )
     checkpoint: bool = Field(True, description="write the store to state_dir and restore it at start")
-    checkpoint_interval_seconds: float = Field(60.0, gt=0)
-    max_series: int = Field(200_000, gt=0, description="series beyond this are dropped and counted")
+    checkpoint_interval_seconds: float = Field(60.0, ge=1, le=86400)
+    max_series: int = Field(200_000, gt=0, le=10_000_000, description="series beyond this are dropped and counted")
 
 
 class ExtraCgroup(_Strict):
@@ -78,25 +92,26 @@ class ExtraCgroup(_Strict):
 
 class CgroupCollectorConfig(_Strict):
     enabled: bool = True
-    interval_seconds: float = Field(5.0, gt=0)
+    interval_seconds: float = Field(5.0, ge=MIN_INTERVAL_SECONDS, le=MAX_INTERVAL_SECONDS)
     extra_cgroups: list[ExtraCgroup] = Field(default_factory=list)
     runtime_socket: Path | None = Field(
         Path("/run/containerd/containerd.sock"),
         description="CRI socket asked for pod and container names (labels namespace, pod, container); none: off",
     )
-    names_refresh_seconds: float = Field(10.0, gt=0)
+    names_refresh_seconds: float = Field(10.0, ge=1, le=86400)
+    pressure: bool = Field(True, description="per-container PSI (cpu/memory/io.pressure of the v2 cgroup)")
 
 
 class CpuCollectorConfig(_Strict):
     enabled: bool = True
-    interval_seconds: float = Field(2.0, gt=0)
+    interval_seconds: float = Field(2.0, ge=MIN_INTERVAL_SECONDS, le=MAX_INTERVAL_SECONDS)
 
 
 class Avx512CollectorConfig(_Strict):
     """AVX-512 use per container from eBPF on the x86_fpu and sched tracepoints (docs/avx512.md)."""
 
     enabled: bool = True
-    interval_seconds: float = Field(2.0, gt=0)
+    interval_seconds: float = Field(2.0, ge=MIN_INTERVAL_SECONDS, le=MAX_INTERVAL_SECONDS)
     window_seconds: float = Field(10.0, gt=0, description="window of the AVX-512 ratio")
     active_threshold: float = Field(0.1, gt=0, le=1, description="ratio from which a container is AVX-512 active")
     active_hysteresis: float = Field(
@@ -111,7 +126,7 @@ class Avx512CollectorConfig(_Strict):
     kernel_modules_dir: Path = Field(Path("/lib/modules"), description="where bcc finds kernel headers")
 
     @model_validator(mode="after")
-    def _check_window(self) -> "Avx512CollectorConfig":
+    def _check_window(self) -> Avx512CollectorConfig:
         if self.window_seconds < self.interval_seconds:
             raise ValueError(f"window_seconds ({self.window_seconds}) must be at least interval_seconds "
                              f"({self.interval_seconds})")
@@ -131,7 +146,7 @@ class PerfCollectorConfig(_Strict):
     """perf_event counters per container (docs/hardware-collectors.md)."""
 
     enabled: bool = True
-    interval_seconds: float = Field(2.0, gt=0)
+    interval_seconds: float = Field(2.0, ge=MIN_INTERVAL_SECONDS, le=MAX_INTERVAL_SECONDS)
     events: list[str] = Field(
         default_factory=lambda: ["cycles", "instructions", "cache-references", "cache-misses"],
         min_length=1, description="generic names, rNNNN raw codes, perfmon names; 'metric=event' to alias",
@@ -148,17 +163,36 @@ class RdtCollectorConfig(_Strict):
     """resctrl MBM/CMT monitoring groups per container (docs/hardware-collectors.md)."""
 
     enabled: bool = True
-    interval_seconds: float = Field(2.0, gt=0)
+    interval_seconds: float = Field(2.0, ge=MIN_INTERVAL_SECONDS, le=MAX_INTERVAL_SECONDS)
     control_group: str = Field("", description="CTRL_MON group holding the containers' MON groups; '' = root")
     mbm_counter_width_bits: int = Field(64, ge=8, le=64, description="bits after which an MBM file value wraps")
+    priority: list[PerfPriority] = Field(
+        default_factory=list, description="containers that keep a MON group when RMIDs run short")
+    qos_order: list[str] = Field(default_factory=lambda: ["Guaranteed", "Burstable", "BestEffort"],
+                                 description="QoS classes in the order they get MON groups when RMIDs run short")
+    rank_by_cpu: bool = Field(True, description="within a QoS class, the busiest containers first")
+    priority_annotation: str = Field("rdt-monitor.cri-resource-manager.intel.com",
+                                     description="pod annotation <this>/pod or <this>/container.<name> = true: "
+                                                 "priority")
+    rotation_slice_seconds: float = Field(10.0, gt=0, description="how long a rotating container keeps its MON group")
+    rotation_share: float = Field(0.25, gt=0, le=1, description="share of the RMID budget that rotates")
 
 
 class SstCollectorConfig(_Strict):
     """SST-BF from cpufreq base frequencies, SST-PP from the isst interface (docs/hardware-collectors.md)."""
 
     enabled: bool = True
-    interval_seconds: float = Field(30.0, gt=0)
+    interval_seconds: float = Field(30.0, ge=MIN_INTERVAL_SECONDS, le=MAX_INTERVAL_SECONDS)
     isst_device: Path = Field(Path("/dev/isst_interface"), description="Intel Speed Select character device")
+
+
+class SeriesConfig(_Strict):
+    """Which metric families are stored and with which labels (docs/hardware-collectors.md)."""
+
+    disable: list[str] = Field(default_factory=list,
+                               description="metric families (or fnmatch patterns) not collected into the store")
+    drop_labels: dict[str, list[str]] = Field(
+        default_factory=dict, description="family (or pattern) -> labels removed; coinciding series are summed")
 
 
 class Collectors(_Strict):
@@ -177,7 +211,8 @@ class RebalancerWeights(_Strict):
     avx512_package: float = Field(0.25, ge=0, description="the same within one package (shared power budget)")
     memory_bandwidth: float = Field(4.0, ge=0, description="per capacity of bandwidth demand beyond a NUMA/L3 domain")
     cache_occupancy: float = Field(2.0, ge=0, description="per L3 size of occupancy beyond the pressure threshold")
-    latency_critical: float = Field(1.0, ge=0, description="per CPU of latency-critical work off SST-BF high-priority cores")
+    latency_critical: float = Field(1.0, ge=0,
+                                    description="per CPU of latency-critical work off SST-BF high-priority cores")
     oversubscription: float = Field(2.0, ge=0, description="per CPU of demand beyond a CPU's capacity")
 
 
@@ -205,7 +240,7 @@ class RebalancerOverride(_Strict):
 class RebalancerConfig(_Strict):
     enabled: bool = True
     mode: Literal["off", "advise", "enforce"] = Field("advise", description="advise: plans visible, nothing applied")
-    interval_seconds: float = Field(30.0, gt=0)
+    interval_seconds: float = Field(30.0, ge=MIN_INTERVAL_SECONDS, le=MAX_INTERVAL_SECONDS)
     window_seconds: float = Field(60.0, gt=0, description="recent window of the store the model reads")
     amortization_seconds: float = Field(60.0, gt=0, description="a move pays if gain/s x this > migration cost")
     max_moves_per_round: int = Field(4, ge=0)
@@ -237,18 +272,46 @@ class RebalancerConfig(_Strict):
         return v
 
 
+def redact_url(url: str) -> str:
+    """``scheme://user:password@host/...`` with the user information replaced: for the API, logs and errors."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    authority, slash, path = rest.partition("/")
+    if "@" not in authority:
+        return url
+    return f"{scheme}://<redacted>@{authority.rpartition('@')[2]}{slash}{path}"
+
+
+class RemoteWriteBasicAuth(_Strict):
+    username: str = Field(min_length=1)
+    password: SecretStr | None = Field(None, description="the password (a secret; prefer password_file)")
+    password_file: Path | None = Field(None, description="file holding the password")
+
+    @model_validator(mode="after")
+    def _one_password(self) -> RemoteWriteBasicAuth:
+        if (self.password is None) == (self.password_file is None):
+            raise ValueError("set exactly one of password and password_file")
+        return self
+
+
 class RemoteWriteConfig(_Strict):
     """Prometheus remote-write 1.0 of the store's samples (docs/remote_write.md)."""
 
     url: str = Field(description="receiver, e.g. http://prometheus:9090/api/v1/write")
-    interval_seconds: float = Field(15.0, gt=0, description="how often new samples are read from the store and sent")
-    queue_max: int = Field(100_000, ge=1, description="samples held while the receiver is unreachable; oldest dropped")
-    batch_max: int = Field(5000, ge=1, description="samples per request")
+    interval_seconds: float = Field(15.0, ge=MIN_INTERVAL_SECONDS, le=MAX_INTERVAL_SECONDS,
+                                    description="how often new samples are read from the store and sent")
+    queue_max: int = Field(100_000, ge=1, le=10_000_000,
+                           description="samples held while the receiver is unreachable; oldest dropped")
+    batch_max: int = Field(5000, ge=1, le=100_000, description="samples per request")
     timeout_seconds: float = Field(10.0, gt=0)
-    min_backoff_seconds: float = Field(0.5, gt=0, description="first retry delay; doubles up to max_backoff_seconds")
+    min_backoff_seconds: float = Field(0.5, ge=0.01, description="first retry delay; doubles up to max_backoff_seconds")
     max_backoff_seconds: float = Field(30.0, gt=0)
-    external_labels: dict[str, str] = Field(default_factory=dict, description="added to every series; 'node' defaults to node_name")
-    headers: dict[str, str] = Field(default_factory=dict, description="extra HTTP headers, e.g. X-Scope-OrgID for Mimir")
+    external_labels: dict[str, str] = Field(default_factory=dict,
+                                            description="added to every series; 'node' defaults to node_name")
+    headers: dict[str, SecretStr] = Field(
+        default_factory=dict, description="extra HTTP headers, e.g. X-Scope-OrgID for Mimir (values are secrets)")
+    basic_auth: RemoteWriteBasicAuth | None = Field(None, description="HTTP basic authentication of the receiver")
     bearer_token_file: Path | None = Field(None, description="file holding a bearer token for Authorization")
     tls_ca_file: Path | None = Field(None, description="CA bundle for an https receiver")
     metric_regex: str = Field(".+", description="only metrics whose name fully matches this regular expression")
@@ -258,8 +321,16 @@ class RemoteWriteConfig(_Strict):
     @classmethod
     def _check_url(cls, v: str) -> str:
         if not v.startswith(("http://", "https://")):
-            raise ValueError(f"expected an http:// or https:// URL, got {v!r}")
+            raise ValueError(f"expected an http:// or https:// URL, got {redact_url(v)!r}")
         return v
+
+    @field_serializer("url")
+    def _show_url(self, v: str) -> str:
+        return redact_url(v)  # user:password@ is a secret; the rest of the URL is not
+
+    def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
+        for k, v in super().__repr_args__():
+            yield k, (redact_url(v) if k == "url" else v)
 
     @field_validator("metric_regex")
     @classmethod
@@ -297,7 +368,8 @@ class RelayConfig(_Strict):
     control_socket: Path | None = Field(None, description="move/cache/metrics API; default run_dir/relay-control.sock")
     allow_untested_runtimes: bool = Field(False, description="forward to runtimes other than containerd and CRI-O")
     runtime_timeout_seconds: float = Field(10.0, gt=0, description="timeout of the relay's own calls to the runtime")
-    reconcile_interval_seconds: float = Field(5.0, gt=0, description="how often the cache is checked against the runtime")
+    reconcile_interval_seconds: float = Field(5.0, gt=0,
+                                              description="how often the cache is checked against the runtime")
     reserved_cpus: str = Field("", description="cpulist kept for the system: never exclusive, not in the shared pool")
     reserved_namespaces: list[str] = Field(default_factory=lambda: ["kube-system"],
                                            description="pods here run on reserved_cpus (when set)")
@@ -322,16 +394,154 @@ class RelayConfig(_Strict):
         return v
 
     @model_validator(mode="after")
-    def _check_image_sockets(self) -> "RelayConfig":
+    def _check_image_sockets(self) -> RelayConfig:
         if (self.image_socket is None) != (self.image_relay_socket is None):
             raise ValueError("image_socket and image_relay_socket go together: the relay serves the runtime's "
                              "image socket on a listener of its own")
         return self
 
 
+class NriConfig(_Strict):
+    """The NRI plugin (``cri-resmgr nri``, a process of its own; docs/nri.md). Placement settings
+    (reserved_cpus, reserved_namespaces, min_shared_cpus, allow_move_exclusive) are the ``relay.*`` keys:
+    one placement engine behind both front ends."""
+
+    socket: Path = Field(Path("/var/run/nri/nri.sock"), description="the runtime's NRI socket")
+    plugin_name: str = Field("cri-resmgr", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$",
+                             description="name the plugin registers under")
+    plugin_index: str = Field("90", pattern=r"^[0-9]{2}$",
+                              description="two digits: the plugin's place in the runtime's plugin order")
+    control_socket: Path | None = Field(
+        None, description="move/state/metrics API (the relay's interface); default run_dir/relay-control.sock")
+    request_timeout_seconds: float = Field(
+        1.5, gt=0, description="answer each runtime request within this or let it through unchanged "
+                               "(keep below the runtime's plugin_request_timeout, 2 s in containerd)")
+    reconnect_max_seconds: float = Field(5.0, gt=0, description="longest wait between reconnection attempts")
+
+
+QosClassName = Literal["Guaranteed", "Burstable", "BestEffort"]
+
+
+class _ControlSection(_Strict):
+    """What every resource control shares (docs/resource-control.md): classes, and the class a container gets
+    from its QoS class when no annotation names one."""
+
+    enabled: bool = True
+    defaults: dict[QosClassName, str] = Field(default_factory=dict, description="QoS class -> class name")
+
+    def class_names(self) -> list[str]:
+        raise NotImplementedError
+
+    @model_validator(mode="after")
+    def _check_defaults(self) -> _ControlSection:
+        known = set(self.class_names())
+        for qos, name in self.defaults.items():
+            if name not in known:
+                names = ", ".join(sorted(known)) or "none"
+                raise ValueError(f"defaults.{qos}: unknown class {name!r} (classes: {names})")
+        return self
+
+
+class BlockioDeviceRule(_Strict):
+    """Limits for the block devices a pattern names (glob under paths.dev, e.g. /dev/vd*)."""
+
+    devices: str = Field(min_length=1, description="device path pattern, e.g. /dev/vd*")
+    weight: int | None = Field(None, ge=1, le=10000, description="per-device proportional weight")
+    read_bps: int | None = Field(None, ge=1, description="bytes/s")
+    write_bps: int | None = Field(None, ge=1, description="bytes/s")
+    read_iops: int | None = Field(None, ge=1)
+    write_iops: int | None = Field(None, ge=1)
+
+
+class BlockioClass(_Strict):
+    weight: int | None = Field(None, ge=1, le=10000, description="default weight (v1 BFQ 1-1000, v2 io.weight 1-10000)")
+    devices: list[BlockioDeviceRule] = Field(default_factory=list)
+
+
+class BlockioControlConfig(_ControlSection):
+    """Block-IO classes on cgroup v1 blkio or v2 io (docs/resource-control.md)."""
+
+    classes: dict[str, BlockioClass] = Field(default_factory=dict)
+
+    def class_names(self) -> list[str]:
+        return list(self.classes)
+
+
+class RtClass(_Strict):
+    runtime_us: int = Field(ge=1, description="cpu.rt_runtime_us granted to the container per cpu.rt_period_us")
+
+
+class RtControlConfig(_ControlSection):
+    """Real-time groups on cgroup v1 cpu.rt_runtime_us (docs/resource-control.md)."""
+
+    classes: dict[str, RtClass] = Field(default_factory=dict)
+
+    def class_names(self) -> list[str]:
+        return list(self.classes)
+
+
+RdtAmount = str | dict[str, str]  # one amount for every cache id, or per cache id with 'all' as the default
+
+
+class RdtClass(_Strict):
+    l3: RdtAmount | None = Field(None, description="share of the partition: 50%, 20-60%, 0xf0, 4-7, 2MiB")
+    l3_code: RdtAmount | None = Field(None, description="CDP code share (L3CODE); l3 when unset")
+    l3_data: RdtAmount | None = Field(None, description="CDP data share (L3DATA); l3 when unset")
+    mb: RdtAmount | None = Field(None, description="memory bandwidth: 50% or, with mba_MBps, 2000MBps")
+    required: list[Literal["l3", "mb", "cdp"]] = Field(
+        default_factory=list, description="features this class cannot do without (others degrade)")
+
+
+class RdtPartition(_Strict):
+    l3: RdtAmount = Field("100%", description="share of the whole cache; partitions never overlap")
+    classes: dict[str, RdtClass] = Field(default_factory=dict)
+
+
+class RdtControlConfig(_ControlSection):
+    """RDT allocation classes on resctrl (docs/resource-control.md)."""
+
+    l3: Literal["auto", "on", "off"] = Field("auto", description="L3 cache allocation")
+    mb: Literal["auto", "on", "off"] = Field("auto", description="memory bandwidth allocation")
+    cdp: Literal["auto", "on", "off"] = Field("auto", description="code/data prioritisation (resctrl -o cdp)")
+    l3_cache_bytes: int | None = Field(None, ge=1, description="L3 size for kiB/MiB amounts; default from sysfs")
+    partitions: dict[str, RdtPartition] = Field(default_factory=dict)
+
+    def class_names(self) -> list[str]:
+        return [c for p in self.partitions.values() for c in p.classes]
+
+    @model_validator(mode="after")
+    def _check_partitions(self) -> RdtControlConfig:
+        from .placement.controllers.schemata import check_partitions
+
+        problems = check_partitions(self)
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+
+class ControlsConfig(_Strict):
+    """Resource controls the placement engine enforces per container class (docs/resource-control.md)."""
+
+    rdt: RdtControlConfig = Field(default_factory=RdtControlConfig)
+    blockio: BlockioControlConfig = Field(default_factory=BlockioControlConfig)
+    rt: RtControlConfig = Field(default_factory=RtControlConfig)
+
+
 class ApiConfig(_Strict):
-    token: str | None = Field(
+    token: SecretStr | None = Field(
         None, description="bearer token required by mutating endpoints; none means they are disabled"
+    )
+    read_token: SecretStr | None = Field(
+        None, description="bearer token required by every endpoint but /healthz and /readyz (token works too)"
+    )
+    allow_unauthenticated_reads: bool = Field(
+        False, description="serve reads without read_token on a non-loopback listen address (a decision, not a default)"
+    )
+    allowed_hosts: list[str] = Field(
+        default_factory=list, description="Host header names accepted on a loopback listen besides the loopback ones"
+    )
+    max_concurrent_queries: int = Field(
+        2, ge=1, le=64, description="heavy requests (queries, heatmaps, series) served at once; more answer 429"
     )
 
 
@@ -348,6 +558,9 @@ class Config(_Strict):
     rebalancer: RebalancerConfig = Field(default_factory=RebalancerConfig)
     export: ExportConfig = Field(default_factory=ExportConfig)
     relay: RelayConfig = Field(default_factory=RelayConfig)
+    nri: NriConfig = Field(default_factory=NriConfig)
+    controls: ControlsConfig = Field(default_factory=ControlsConfig)
+    series: SeriesConfig = Field(default_factory=SeriesConfig)
 
     @field_validator("listen")
     @classmethod
@@ -357,6 +570,25 @@ class Config(_Strict):
 
     def listen_address(self) -> tuple[str, int]:
         return parse_listen(self.listen)
+
+    def exposure_problems(self) -> list[str]:
+        """Serving reads beyond this node without a token must be a decision: ``key: problem`` lines."""
+        host, _ = self.listen_address()
+        if is_loopback_host(host) or self.api.read_token is not None or self.api.allow_unauthenticated_reads:
+            return []
+        return [f"api.read_token: required when listen ({self.listen}) is not a loopback address; set it (the "
+                f"token Prometheus scrapes with), listen on a loopback or node-local address, or set "
+                f"api.allow_unauthenticated_reads: true"]
+
+
+def is_loopback_host(host: str) -> bool:
+    """``localhost`` or a loopback IP address (127.0.0.0/8, ::1)."""
+    if host.lower() in ("localhost", "localhost."):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def parse_listen(v: str) -> tuple[str, int]:
@@ -388,6 +620,10 @@ def _deep_merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]
     return out
 
 
+# Keys whose values are secrets (or may hold one): never echoed in error texts.
+SECRET_KEYS = frozenset({"token", "read_token", "headers", "basic_auth", "password", "url"})
+
+
 def _format_errors(err: ValidationError, prefix: str = "") -> list[str]:
     problems = []
     for e in err.errors():
@@ -395,7 +631,8 @@ def _format_errors(err: ValidationError, prefix: str = "") -> list[str]:
         msg = e["msg"]
         if e["type"] == "extra_forbidden":
             msg = "unknown key"
-        elif "input" in e and not isinstance(e["input"], (dict, list)):
+        elif "input" in e and not isinstance(e["input"], (dict, list)) and not SECRET_KEYS.intersection(
+                str(p) for p in e["loc"]):
             msg = f"{msg} (got {e['input']!r})"
         problems.append(f"{prefix}{loc}: {msg}")
     return problems
@@ -492,6 +729,8 @@ def build_config(
         cfg = Config.model_validate(merged)
     except ValidationError as e:
         raise ConfigError(_format_errors(e), source="command line") from None
+    if cfg.exposure_problems():
+        raise ConfigError(cfg.exposure_problems(), source=source)
     return cfg.model_copy(update={"node_name": cfg.node_name or node_name})
 
 

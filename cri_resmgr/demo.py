@@ -20,6 +20,7 @@ cgroup-v1/cgroups.rst and scheduler/sched-bwc.rst (``cpu.cfs_quota_us``); cgroup
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import shutil
@@ -34,6 +35,9 @@ from pathlib import Path
 import yaml
 
 from .collectors.cgroup import CgroupLayout, detect_layout
+from .config import Config, ConfigError, load_config
+from .exitcode import ExitCode
+from .serve import serve
 
 log = logging.getLogger("cri_resmgr.demo")
 
@@ -91,7 +95,7 @@ class DemoCgroups:
     created: list[Path] = field(default_factory=list)  # directories made, parents first
 
     @classmethod
-    def for_layout(cls, layout: CgroupLayout) -> "DemoCgroups":
+    def for_layout(cls, layout: CgroupLayout) -> DemoCgroups:
         roots: list[Path] = []
         cands = [layout.root] if layout.version == 2 else [layout.cpuacct, layout.cpu, layout.memory, layout.cpuset,
                                                            layout.unified]
@@ -135,10 +139,8 @@ class DemoCgroups:
     def pids(self) -> set[int]:
         out: set[int] = set()
         for d in self.created:
-            try:
+            with contextlib.suppress(OSError, ValueError):  # gone already, or being removed
                 out |= {int(x) for x in (d / "cgroup.procs").read_text().split()}
-            except (OSError, ValueError):
-                pass
         return out
 
     def remove(self) -> list[str]:
@@ -203,10 +205,8 @@ def demo_config(user_config: Path | None, workloads: list[Workload]) -> dict:
 def stop_workloads(workloads: list[Workload], timeout: float = 5.0) -> None:
     for w in workloads:
         if w.proc and w.proc.poll() is None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(w.proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
     deadline = time.time() + timeout
     for w in workloads:
         if not w.proc:
@@ -214,36 +214,33 @@ def stop_workloads(workloads: list[Workload], timeout: float = 5.0) -> None:
         try:
             w.proc.wait(max(0.1, deadline - time.time()))
         except subprocess.TimeoutExpired:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(w.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
             w.proc.wait()
 
 
-def run_demo(args: argparse.Namespace) -> int:
-    from . import cli
-
+def run_demo(cfg: Config, config_path: Path | None, flags: dict, cpu_quota: float, clean: bool) -> int:
+    """``cfg`` is the user's configuration (``config_path`` and ``flags`` applied); the agent runs with it plus the
+    demo's workloads as extra cgroups."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    cfg = cli._load(args)
     if os.geteuid() != 0:
         print("cri-resmgr demo: needs root to create cgroups for its workloads", file=sys.stderr)
-        return cli.EXIT_FAIL
+        return ExitCode.FAIL
     layout = detect_layout(cfg.paths.cgroup)
     if layout is None:
         print(f"cri-resmgr demo: no cgroup hierarchy with CPU accounting under {cfg.paths.cgroup}", file=sys.stderr)
-        return cli.EXIT_FAIL
+        return ExitCode.FAIL
     cgroups = DemoCgroups.for_layout(layout)
-    if args.clean:
+    if clean:
         return clean_leftovers(cgroups)
     if any((r / DEMO_DIR).exists() for r in cgroups.roots):
         print(f"cri-resmgr demo: {cgroups.roots[0] / DEMO_DIR} exists: another demo is running, or one was "
               "killed (SIGKILL leaves no chance to clean up); stop it, or run `cri-resmgr demo --clean`",
               file=sys.stderr)
-        return cli.EXIT_FAIL
+        return ExitCode.FAIL
     tmp = Path(tempfile.mkdtemp(prefix="cri-resmgr-demo-"))
     workloads: list[Workload] = []
-    stopping = {"signal": None}
+    stopping: dict[str, int | None] = {"signal": None}
 
     def early_stop(signum, _frame):  # a signal during set-up: clean up instead of leaving cgroups behind
         stopping["signal"] = signum
@@ -252,30 +249,34 @@ def run_demo(args: argparse.Namespace) -> int:
     old = {s: signal.signal(s, early_stop) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         workloads = build_workloads(tmp, cfg.paths.proc)
-        cgroups.create([w.name for w in workloads], args.cpu_quota)
+        cgroups.create([w.name for w in workloads], cpu_quota)
         for w in workloads:
             # A session of its own: Ctrl-C reaches the demo only, which then stops the workloads in order.
             w.proc = subprocess.Popen(w.argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                       start_new_session=True)
             cgroups.add(w.name, w.proc.pid)
         conf = tmp / "demo-config.yaml"
-        conf.write_text(yaml.safe_dump(demo_config(args.config, workloads), sort_keys=False))
+        conf.write_text(yaml.safe_dump(demo_config(config_path, workloads), sort_keys=False))
+        try:
+            run_cfg = load_config(conf, flags=flags)
+        except ConfigError as e:
+            print(e.render(), file=sys.stderr)
+            return ExitCode.CONFIG
         host, port = cfg.listen_address()
         shown = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
-        quota = f"{args.cpu_quota:g} CPU each" if args.cpu_quota > 0 else "no CPU limit"
+        quota = f"{cpu_quota:g} CPU each" if cpu_quota > 0 else "no CPU limit"
         print(f"\ncri-resmgr demo: {len(workloads)} workloads in {cgroups.roots[0] / DEMO_DIR} ({quota})", flush=True)
         for w in workloads:
-            print(f"  {NAMESPACE}/{w.name}/{w.name}  pid {w.proc.pid}  {w.how}", flush=True)
+            print(f"  {NAMESPACE}/{w.name}/{w.name}  pid {w.proc.pid if w.proc else '-'}  {w.how}", flush=True)
         print(f"  UI      http://{shown}:{port}/ui/\n  metrics http://{shown}:{port}/metrics\n"
               "  Ctrl-C stops the agent and the workloads and removes the cgroups.\n", flush=True)
         for s, h in old.items():
             signal.signal(s, h)
-        run_args = argparse.Namespace(**{**vars(args), "config": conf})
-        rc = cli.cmd_run(run_args)  # returns on SIGINT/SIGTERM (its own handlers)
+        rc: int = serve(run_cfg, conf, flags)  # returns on SIGINT/SIGTERM (its own handlers)
     except KeyboardInterrupt:
-        rc = cli.EXIT_OK if stopping["signal"] else cli.EXIT_FAIL
+        rc = ExitCode.OK if stopping["signal"] else ExitCode.FAIL
     finally:
-        for s, h in old.items():
+        for s in old:
             signal.signal(s, signal.SIG_IGN)  # a second Ctrl-C must not interrupt the clean-up
         stop_workloads(workloads)
         left = cgroups.remove()
@@ -284,7 +285,7 @@ def run_demo(args: argparse.Namespace) -> int:
             signal.signal(s, h)
         if left:
             print(f"cri-resmgr demo: could not remove {', '.join(left)}", file=sys.stderr)
-            rc = rc or cli.EXIT_FAIL
+            rc = rc or ExitCode.FAIL
         else:
             print("cri-resmgr demo: workloads stopped, cgroups removed", flush=True)
     return rc
@@ -302,10 +303,8 @@ def clean_leftovers(cgroups: DemoCgroups) -> int:
         found.append(top)
     pids = cgroups.pids()
     for pid in pids:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
     left = cgroups.remove()
     if left:
         print(f"cri-resmgr demo: could not remove {', '.join(left)}", file=sys.stderr)

@@ -51,6 +51,25 @@ def lookup(name: str) -> MetricSpec | None:
     return _REGISTRY.get(name)
 
 
+def is_counter(name: str) -> bool:
+    """The one rule for what counts as a counter: its name ends in ``_total`` (every counter defined here does,
+    see :func:`fqname`, and Prometheus' naming convention says so for metrics stored without metadata)."""
+    return name.endswith("_total")
+
+
+def default_fn(name: str) -> Literal["rate", "raw"]:
+    """The default query function for a metric: the per-second rate of a counter, the raw value of anything else."""
+    return "rate" if is_counter(name) else "raw"
+
+
+def spec_of(name: str) -> MetricSpec:
+    """The declared metadata of ``name``, or what can be said of a metric stored without any."""
+    spec = _REGISTRY.get(name)
+    if spec is None:
+        spec = MetricSpec(name, "counter" if is_counter(name) else "gauge", f"{name} (no metadata)")
+    return spec
+
+
 def all_specs() -> dict[str, MetricSpec]:
     return dict(_REGISTRY)
 
@@ -80,8 +99,14 @@ CONTAINER_MEMORY_WORKING_SET = define(
     "Memory usage minus inactive file pages (what the kubelet evicts on).", "bytes", labels=CONTAINER_LABELS,
 )
 CONTAINER_CPUSET_CPUS = define(
-    "container", "cpuset_cpus", "gauge", "Number of CPUs in the container's effective cpuset; the label 'cpus' lists them.",
+    "container", "cpuset_cpus", "gauge",
+    "Number of CPUs in the container's effective cpuset; the label 'cpus' lists them.",
     labels=CONTAINER_LABELS + ("cpus",),
+)
+CONTAINER_PRESSURE_STALLED = define(
+    "container", "pressure_stalled", "counter",
+    "Time some (kind=some) or all (kind=full) of the container's tasks stalled on a resource (cpu|memory|io), "
+    "from the cgroup v2 *.pressure files (PSI).", "seconds", labels=CONTAINER_LABELS + ("resource", "kind"),
 )
 # per-CPU collector (/proc/stat)
 CPU_BUSY = define("cpu", "busy", "counter", "Non-idle time of the CPU (everything but idle and iowait).", "seconds",
@@ -89,92 +114,140 @@ CPU_BUSY = define("cpu", "busy", "counter", "Non-idle time of the CPU (everythin
 CPU_UTILIZATION = define("cpu", "utilization", "gauge", "Busy fraction of the CPU over the last interval.", "ratio",
                          labels=CPU_LABELS)
 # perf collector (perf_event_open per cgroup and CPU; counts scaled for multiplexing)
-CONTAINER_CYCLES = define("container", "cycles", "counter", "CPU cycles spent by the container's tasks (perf).")
-CONTAINER_INSTRUCTIONS = define("container", "instructions", "counter", "Instructions retired by the container (perf).")
-CONTAINER_LLC_REFERENCES = define("container", "llc_references", "counter", "Last-level cache references (perf).")
-CONTAINER_LLC_MISSES = define("container", "llc_misses", "counter", "Last-level cache misses (perf).")
+CONTAINER_CYCLES = define("container", "cycles", "counter", "CPU cycles spent by the container's tasks (perf).",
+                          labels=CONTAINER_LABELS)
+CONTAINER_INSTRUCTIONS = define("container", "instructions", "counter", "Instructions retired by the container (perf).",
+                                labels=CONTAINER_LABELS)
+CONTAINER_LLC_REFERENCES = define("container", "llc_references", "counter", "Last-level cache references (perf).",
+                                  labels=CONTAINER_LABELS)
+CONTAINER_LLC_MISSES = define("container", "llc_misses", "counter", "Last-level cache misses (perf).",
+                              labels=CONTAINER_LABELS)
 CONTAINER_CPI = define("container", "cycles_per_instruction", "gauge",
-                       "Cycles per instruction over the last perf interval (derived).")
+                       "Cycles per instruction over the last perf interval (derived).", labels=CONTAINER_LABELS)
 CONTAINER_PERF_CPU_CLOCK = define("container", "cpu_clock", "counter",
-                                  "CPU time seen by the perf cpu-clock software event.", "seconds")
+                                  "CPU time seen by the perf cpu-clock software event.", "seconds",
+                                  labels=CONTAINER_LABELS)
 # The avx512 collector owns cri_resmgr_container_context_switches_total (sched_switch, the ratio's denominator);
 # the perf software event of the same meaning gets its own name so the two sources never overwrite each other.
 CONTAINER_CONTEXT_SWITCHES = define("container", "context_switches", "counter",
-                                    "Context switches out of the container's tasks (eBPF on sched:sched_switch).")
+                                    "Context switches out of the container's tasks (eBPF on sched:sched_switch).",
+                                    labels=CONTAINER_LABELS)
 CONTAINER_PERF_CONTEXT_SWITCHES = define("container", "perf_context_switches", "counter",
-                                         "Context switches (perf software event).")
-CONTAINER_PAGE_FAULTS = define("container", "page_faults", "counter", "Page faults (perf software event).")
+                                         "Context switches (perf software event).", labels=CONTAINER_LABELS)
+CONTAINER_PAGE_FAULTS = define("container", "page_faults", "counter", "Page faults (perf software event).",
+                               labels=CONTAINER_LABELS)
 CONTAINER_PERF_EVENTS = define("container", "perf_events", "counter",
-                               "Count of a configured raw or perfmon perf event; the label 'event' names it.")
+                               "Count of a configured raw or perfmon perf event; the label 'event' names it.",
+                               labels=CONTAINER_LABELS + ("event",))
 CONTAINER_PERF_MONITORED = define("container", "perf_monitored", "gauge",
-                                  "1 when perf counters are open for the container, 0 when skipped (label 'reason').")
-PERF_DESCRIPTORS = define("perf", "open_descriptors", "gauge", "perf_event file descriptors held by the agent.")
-PERF_DESCRIPTOR_BUDGET = define("perf", "descriptor_budget", "gauge", "Most perf_event descriptors the agent may hold.")
+                                  "1 when perf counters are open for the container, 0 when skipped (label 'reason').",
+                                  labels=CONTAINER_LABELS + ("reason",))
+PERF_DESCRIPTORS = define("perf", "open_descriptors", "gauge", "perf_event file descriptors held by the agent.",
+                          labels=())
+CONTAINER_PERF_ENABLED = define(
+    "container", "perf_enabled", "counter",
+    "Time the container's perf event groups were enabled, summed over CPUs (perf time_enabled).", "seconds",
+    labels=CONTAINER_LABELS)
+CONTAINER_PERF_RUNNING = define(
+    "container", "perf_running", "counter",
+    "Time the container's perf event groups were on a hardware counter, summed over CPUs (perf time_running); "
+    "below perf_enabled when events multiplex, and the counts are scaled by enabled / running.", "seconds",
+    labels=CONTAINER_LABELS)
+CONTAINER_PERF_DESCRIPTORS = define("container", "perf_descriptors", "gauge",
+                                    "perf_event descriptors open for the container (CPUs of its cpuset x events).",
+                                    labels=CONTAINER_LABELS)
+PERF_DESCRIPTOR_BUDGET = define("perf", "descriptor_budget", "gauge",
+                                "Most perf_event descriptors the agent may hold.", labels=())
 PERF_EVENT_SUPPORTED = define("perf", "event_supported", "gauge",
-                              "1 when the kernel accepted the configured event, 0 when not (label 'error').")
-PERF_CONTAINERS_SKIPPED = define("perf", "containers_skipped", "gauge", "Containers not counted by perf (budget, no cgroup).")
+                              "1 when the kernel accepted the configured event, 0 when not (label 'error').",
+                              labels=("event", "error"))
+PERF_CONTAINERS_SKIPPED = define("perf", "containers_skipped", "gauge",
+                                 "Containers not counted by perf (budget, no cgroup).", labels=())
 # RDT collector (resctrl MON groups)
-CONTAINER_MEMORY_BANDWIDTH = define("container", "memory_bandwidth", "counter",
-                                    "Memory traffic of the container from RDT MBM (scope total|local, per L3 cache_id).",
-                                    "bytes")
+CONTAINER_MEMORY_BANDWIDTH = define(
+    "container", "memory_bandwidth", "counter",
+    "Memory traffic of the container from RDT MBM (scope total|local, per L3 cache_id).", "bytes",
+    labels=CONTAINER_LABELS + ("scope", "cache_id"))
 CONTAINER_LLC_OCCUPANCY = define("container", "llc_occupancy", "gauge",
-                                 "Last-level cache held by the container from RDT CMT, per L3 cache_id.", "bytes")
+                                 "Last-level cache held by the container from RDT CMT, per L3 cache_id.", "bytes",
+                                 labels=CONTAINER_LABELS + ("cache_id",))
 CONTAINER_RDT_MONITORED = define("container", "rdt_monitored", "gauge",
-                                 "1 when the container has a resctrl monitoring group, 0 when not (label 'reason').")
+                                 "1 when the container has a resctrl monitoring group, 0 when not (label 'reason').",
+                                 labels=CONTAINER_LABELS + ("reason",))
 NODE_MEMORY_BANDWIDTH = define("node", "memory_bandwidth", "counter",
-                               "Memory traffic of all tasks per L3 domain from RDT MBM (scope total|local).", "bytes")
+                               "Memory traffic of all tasks per L3 domain from RDT MBM (scope total|local).", "bytes",
+                               labels=("scope", "cache_id"))
 NODE_LLC_OCCUPANCY = define("node", "llc_occupancy", "gauge", "Last-level cache occupancy of all tasks per L3 domain.",
-                            "bytes")
-RDT_RMIDS = define("rdt", "rmids", "gauge", "RMIDs the hardware offers (info/L3_MON/num_rmids).")
-RDT_MON_GROUPS = define("rdt", "mon_groups", "gauge", "Monitoring groups the agent holds.")
-RDT_WRITE_ERRORS = define("rdt", "write_errors", "counter", "Failed resctrl writes and mkdirs (info/last_cmd_status).")
+                            "bytes", labels=("cache_id",))
+RDT_RMIDS = define("rdt", "rmids", "gauge", "RMIDs the hardware offers (info/L3_MON/num_rmids).", labels=())
+RDT_MON_GROUPS = define("rdt", "mon_groups", "gauge", "Monitoring groups the agent holds.", labels=())
+RDT_RMID_BUDGET = define("rdt", "rmid_budget", "gauge",
+                         "MON groups the agent can hold: num_rmids minus the others' groups, lowered after ENOSPC.",
+                         labels=())
+CONTAINER_RDT_MONITORED_SECONDS = define(
+    "container", "rdt_monitored", "counter",
+    "Time the container's memory traffic was watched by a MON group; memory_bandwidth_bytes_total is scaled "
+    "by elapsed over this time when RMIDs rotate.", "seconds", labels=CONTAINER_LABELS)
+RDT_WRITE_ERRORS = define("rdt", "write_errors", "counter", "Failed resctrl writes and mkdirs (info/last_cmd_status).",
+                          labels=())
 # SST collector (cpufreq base_frequency, isst interface)
-CPU_BASE_FREQUENCY = define("cpu", "base_frequency", "gauge", "Base frequency of the CPU (cpufreq base_frequency).", "hertz")
-CPU_SST_BF_HIGH_PRIORITY = define("cpu", "sst_bf_high_priority", "gauge",
-                                  "1 when the CPU is an SST-BF high-priority core (base frequency above its package's lowest).")
-NODE_SST_BF_ENABLED = define("node", "sst_bf_enabled", "gauge", "1 when some package has SST-BF high-priority cores.")
-NODE_SST_PP_LEVEL = define("node", "sst_pp_level", "gauge", "Current SST-PP performance level per package.")
-NODE_SST_PP_MAX_LEVEL = define("node", "sst_pp_max_level", "gauge", "Highest SST-PP performance level per package.")
+CPU_BASE_FREQUENCY = define("cpu", "base_frequency", "gauge", "Base frequency of the CPU (cpufreq base_frequency).",
+                            "hertz", labels=CPU_LABELS)
+CPU_SST_BF_HIGH_PRIORITY = define(
+    "cpu", "sst_bf_high_priority", "gauge",
+    "1 when the CPU is an SST-BF high-priority core (base frequency above its package's lowest).", labels=CPU_LABELS)
+NODE_SST_BF_ENABLED = define("node", "sst_bf_enabled", "gauge", "1 when some package has SST-BF high-priority cores.",
+                             labels=())
+NODE_SST_PP_LEVEL = define("node", "sst_pp_level", "gauge", "Current SST-PP performance level per package.",
+                           labels=("package",))
+NODE_SST_PP_MAX_LEVEL = define("node", "sst_pp_max_level", "gauge", "Highest SST-PP performance level per package.",
+                               labels=("package",))
 NODE_SST_PP_STATUS = define("node", "sst_pp_status", "gauge",
-                            "1 for the SST-PP state in label 'status' (enabled, disabled, locked, unknown).")
+                            "1 for the SST-PP state in label 'status' (enabled, disabled, locked, unknown).",
+                            labels=("package", "status"))
 # avx512 collector (eBPF on x86_fpu:x86_fpu_regs_deactivated and sched:sched_switch; docs/avx512.md). It also
 # writes CONTAINER_CONTEXT_SWITCHES (above): every switch out of the container's tasks, from sched_switch.
 CONTAINER_AVX512_SWITCHES = define(
     "container", "avx512_switches", "counter",
     "Context switches out of the container's tasks that saved live AVX-512 state (XSAVE ZMM_Hi256 in use).",
+    labels=CONTAINER_LABELS
 )
 CONTAINER_AVX512_RATIO = define(
     "container", "avx512", "gauge",
     "Share of the container's context switches with AVX-512 state in use, over collectors.avx512.window_seconds.",
-    "ratio",
+    "ratio", labels=CONTAINER_LABELS
 )
 CONTAINER_AVX512_ACTIVE = define(
     "container", "avx512_active", "gauge",
     "1 while the container's AVX-512 ratio is above collectors.avx512.active_threshold (with hysteresis), else 0.",
+    labels=CONTAINER_LABELS
 )
 CONTAINER_AVX512_LAST_USE = define(
     "container", "avx512_last_use_timestamp", "gauge",
-    "Unix time of the container's last context switch with AVX-512 state in use.", "seconds",
+    "Unix time of the container's last context switch with AVX-512 state in use.", "seconds", labels=CONTAINER_LABELS
 )
 CPU_AVX512_SWITCHES = define(
-    "cpu", "avx512_switches", "counter", "Context switches on the CPU that saved live AVX-512 state (all tasks)."
+    "cpu", "avx512_switches", "counter", "Context switches on the CPU that saved live AVX-512 state (all tasks).",
+    labels=CPU_LABELS
 )
 CPU_AVX512_RATIO = define(
-    "cpu", "avx512", "gauge", "Share of the CPU's context switches with AVX-512 state in use, over the window.", "ratio"
+    "cpu", "avx512", "gauge", "Share of the CPU's context switches with AVX-512 state in use, over the window.",
+    "ratio", labels=CPU_LABELS,
 )
-AVX512_MAP_ENTRIES = define("avx512", "map_entries", "gauge", "Keys in the eBPF per-CPU counts map.")
-AVX512_MAP_CAPACITY = define("avx512", "map_capacity", "gauge", "max_entries of the eBPF counts map.")
+AVX512_MAP_ENTRIES = define("avx512", "map_entries", "gauge", "Keys in the eBPF per-CPU counts map.", labels=())
+AVX512_MAP_CAPACITY = define("avx512", "map_capacity", "gauge", "max_entries of the eBPF counts map.", labels=())
 AVX512_MAP_INSERT_FAILURES = define(
     "avx512", "map_insert_failures", "counter",
-    "Events not attributed to a cgroup or process because the counts map was full (raise map_entries).",
+    "Events not attributed to a cgroup or process because the counts map was full (raise map_entries).", labels=()
 )
 # rebalancer
 REBALANCER_MOVES = define("rebalancer", "moves", "counter",
-                          "Moves planned by the rebalancer, by result (applied, failed, advised).")
+                          "Moves planned by the rebalancer, by result (applied, failed, advised).", labels=("result",))
 REBALANCER_COST = define("rebalancer", "cost", "gauge",
-                         "Interference cost rate of the node before and after the last plan (when=before|after).")
+                         "Interference cost rate of the node before and after the last plan (when=before|after).",
+                         labels=("when",))
 REBALANCER_PLAN_DURATION = define("rebalancer", "plan_duration", "gauge",
-                                  "Time the last rebalancing round took to read inputs and plan.", "seconds")
+                                  "Time the last rebalancing round took to read inputs and plan.", "seconds", labels=())
 # agent self-metrics
 COLLECTOR_UP = define("collector", "up", "gauge", "1 when the collector's source is available and working.",
                       labels=("collector",))
@@ -184,9 +257,27 @@ COLLECTOR_ERRORS = define("collector", "errors", "counter", "Failed collector ru
 CONFIG_RELOAD_ERRORS = define("config", "reload_errors", "counter", "Rejected configuration reloads.", labels=())
 CONFIG_RELOADS = define("config", "reloads", "counter", "Accepted configuration reloads.", labels=())
 STORE_SERIES = define("store", "series", "gauge", "Series held in the embedded store.", labels=())
-STORE_DROPPED = define("store", "series_dropped", "counter", "Samples dropped because the store hit max_series.", labels=())
+STORE_DROPPED = define("store", "series_dropped", "counter",
+                       "New series refused because the store held store.max_series series.", labels=())
+STORE_CHECKPOINT_ERRORS = define("store", "checkpoint_errors", "counter",
+                                 "Periodic checkpoints of the store that failed (retried next interval).", labels=())
+STORE_ROWS_OUT_OF_ORDER = define("store", "rows_out_of_order", "counter",
+                                 "Rows refused because their time was before a table's newest row.", labels=())
+LOOP_RESTARTS = define("agent", "loop_restarts", "counter",
+                       "Restarts of a supervised background loop after an error (see /api/v1/loops).",
+                       labels=("loop",))
+CLOCK_AHEAD = define("agent", "clock_ahead", "gauge",
+                     "How far sample timestamps run ahead of the wall clock after it stepped back.", "seconds",
+                     labels=())
+STORE_FAMILY_SERIES = define("store", "family_series", "gauge",
+                             "Series held in the store per metric family (cardinality; see series.disable).",
+                             labels=("family",))
+SERIES_DISABLED_SAMPLES = define("series", "disabled_samples", "counter",
+                                 "Samples not stored because their family is listed in series.disable.",
+                                 labels=("family",))
 # remote_write (export/remote_write.py)
-REMOTE_WRITE_SENT = define("remote_write", "samples_sent", "counter", "Samples the remote-write receiver accepted.", labels=())
+REMOTE_WRITE_SENT = define("remote_write", "samples_sent", "counter", "Samples the remote-write receiver accepted.",
+                           labels=())
 REMOTE_WRITE_FAILED = define(
     "remote_write", "samples_failed", "counter",
     "Samples the receiver rejected with a non-retryable status (4xx other than 429); not sent again.", labels=(),
@@ -203,13 +294,73 @@ REMOTE_WRITE_PENDING = define("remote_write", "pending_samples", "gauge", "Sampl
 REMOTE_WRITE_LAST_SUCCESS = define(
     "remote_write", "last_success_timestamp", "gauge", "Unix time of the last accepted request.", "seconds", labels=()
 )
+# resource controls (placement engine controllers; docs/resource-control.md)
+CONTAINER_RDT_CLASS = define(
+    "container", "rdt_class", "gauge",
+    "1 when the container is in the RDT class of label 'class', 0 when that class could not be enforced.",
+    labels=CONTAINER_LABELS + ("class",),
+)
+CONTAINER_BLOCKIO_CLASS = define(
+    "container", "blockio_class", "gauge",
+    "1 when the container is in the block-IO class of label 'class', 0 when that class could not be enforced.",
+    labels=CONTAINER_LABELS + ("class",),
+)
+CONTAINER_RT_CLASS = define(
+    "container", "rt_class", "gauge",
+    "1 when the container is in the real-time class of label 'class', 0 when that class could not be enforced.",
+    labels=CONTAINER_LABELS + ("class",),
+)
+CONTROL_CLASS_CONTAINERS = define("control", "class_containers", "gauge",
+                                  "Containers enforced in each class of each control (labels control, class).",
+                                  labels=("control", "class"))
+CONTROL_ERRORS = define("control", "errors", "counter",
+                        "Failed enforcements and releases of a control (label control).", labels=("control",))
 # CRI relay (a process of its own: cri-resmgr relay; docs/relay.md)
-RELAY_REQUESTS = define("relay", "requests", "counter", "CRI calls through the relay, by method and gRPC status code.")
+RELAY_REQUESTS = define("relay", "requests", "counter", "CRI calls through the relay, by method and gRPC status code.",
+                        labels=("method", "code"))
 RELAY_REQUEST_DURATION = define(
     "relay", "request_duration", "histogram", "Time from a CRI call's request headers to its end, through the relay.",
-    "seconds",
+    "seconds", labels=("method",)
 )
-RELAY_RUNTIME_UP = define("relay", "runtime_up", "gauge", "1 when the relay reaches the container runtime.")
-RELAY_EXCLUSIVE_CPUS = define("relay", "exclusive_cpus", "gauge", "CPUs given exclusively to containers.")
-RELAY_SHARED_POOL_CPUS = define("relay", "shared_pool_cpus", "gauge", "CPUs in the shared pool.")
-RELAY_MOVES = define("relay", "moves", "counter", "Container moves applied by the relay (rebalancer requests).")
+RELAY_RUNTIME_UP = define("relay", "runtime_up", "gauge", "1 when the relay reaches the container runtime.", labels=())
+RELAY_EXCLUSIVE_CPUS = define("relay", "exclusive_cpus", "gauge", "CPUs given exclusively to containers.", labels=())
+RELAY_SHARED_POOL_CPUS = define("relay", "shared_pool_cpus", "gauge", "CPUs in the shared pool.", labels=())
+RELAY_MOVES = define("relay", "moves", "counter", "Container moves applied by the relay (rebalancer requests).",
+                     labels=())
+RELAY_INVARIANT_VIOLATIONS = define(
+    "relay", "invariant_violations", "counter",
+    "Placement invariant violations found in the kernel's cgroup cpuset files (after every reconcile and on demand).",
+    labels=())
+RELAY_INVARIANT_REPAIRS = define("relay", "invariant_repairs", "counter",
+                                 "Containers re-pinned to repair a placement invariant violation.", labels=())
+RELAY_REWRITE_ROLLBACKS = define(
+    "relay", "rewrite_rollbacks", "counter",
+    "Rewrites that failed: the runtime got the original request and the cache was rolled back to it.", labels=())
+RELAY_CACHE_SAVE_FAILURES = define("relay", "cache_save_failures", "counter",
+                                   "Cache saves that failed (e.g. ENOSPC); the previous file was kept.", labels=())
+RELAY_CACHE_CORRUPT = define("relay", "cache_corrupt", "counter",
+                             "Unusable cache files moved aside at start (state rebuilt from the runtime).", labels=())
+RELAY_THREAD_RESTARTS = define("relay", "thread_restarts", "counter",
+                               "Background threads restarted after an unexpected error.", labels=())
+RELAY_START_HOLD_TIMEOUTS = define(
+    "relay", "start_hold_timeouts", "counter",
+    "Starts (or growing resizes) let through before shared containers had left the container's CPUs.", labels=())
+RELAY_POOL_UPDATE_FAILURES = define("relay", "pool_update_failures", "counter",
+                                    "Shared-pool cpuset updates the runtime failed (retried).", labels=())
+RELAY_CONTROLLER_ERRORS = define("relay", "controller_errors", "counter",
+                                 "Resource controller hook calls that raised.", labels=())
+RELAY_STREAMS_RESET = define(
+    "relay", "streams_reset", "counter",
+    "Streams or connections the relay ended itself: a header block or held message over its limit.",
+    labels=("reason",))
+# NRI plugin (a process of its own: cri-resmgr nri; docs/nri.md)
+NRI_REQUESTS = define(
+    "nri", "requests", "counter",
+    "Runtime requests the NRI plugin answered, by event and result (ok, error, timeout: let through unchanged).",
+    labels=("event", "result"),
+)
+NRI_REQUEST_DURATION = define(
+    "nri", "request_duration", "histogram", "Time the NRI plugin took to answer a runtime request.", "seconds",
+    labels=("event",),
+)
+NRI_CONNECTED = define("nri", "connected", "gauge", "1 while the plugin is registered with the runtime.", labels=())

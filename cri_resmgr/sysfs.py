@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import overload
 
 
 def parse_cpulist(text: str) -> frozenset[int]:
@@ -80,6 +81,10 @@ def read_text(path: Path | str, default: str | None = None) -> str | None:
         os.close(fd)
 
 
+@overload
+def read_int(path: Path | str, default: int) -> int: ...
+@overload
+def read_int(path: Path | str, default: None = None) -> int | None: ...
 def read_int(path: Path | str, default: int | None = None) -> int | None:
     t = read_text(path)
     if t is None:

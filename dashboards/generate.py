@@ -18,6 +18,7 @@ import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from grafana_foundation_sdk.builders import dashboard as db
 from grafana_foundation_sdk.builders import heatmap, prometheus, stat, table, timeseries
@@ -273,14 +274,13 @@ def _target(q: Q, ref: str) -> prometheus.Dataquery:
     t = prometheus.Dataquery().expr(q.expr).ref_id(ref).datasource(DS)
     if q.legend:
         t = t.legend_format(q.legend)
-    if q.instant:
-        t = t.instant().format(pm.PromQueryFormat.TABLE)
-    else:
-        t = t.range()
-    return t
+    return t.instant().format(pm.PromQueryFormat.TABLE) if q.instant else t.range()
 
 
 def _panel(p: P):
+    # One of four builder classes with the same fluent methods (title, datasource, unit, ...) but no common base
+    # class in the SDK that declares them.
+    b: Any
     if p.kind == "timeseries":
         b = timeseries.Panel().fill_opacity(10).line_width(1)
     elif p.kind == "heatmap":

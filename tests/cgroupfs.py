@@ -40,6 +40,7 @@ def make_v1(root: Path, rel: str, v: Values, combined_cpu_dir: bool = False) -> 
     _w(cpuacct / rel / "cpuacct.usage", f"{v.usage_ns}\n")
     _w(cpu / rel / "cpu.stat", f"nr_periods {v.periods}\nnr_throttled {v.throttled}\nthrottled_time {v.throttled_ns}\n")
     _w(root / "memory" / rel / "memory.usage_in_bytes", f"{v.mem}\n")
-    _w(root / "memory" / rel / "memory.stat", f"cache 1\nrss 2\ninactive_file 5\ntotal_inactive_file {v.inactive_file}\n")
+    _w(root / "memory" / rel / "memory.stat",
+       f"cache 1\nrss 2\ninactive_file 5\ntotal_inactive_file {v.inactive_file}\n")
     _w(root / "cpuset" / rel / "cpuset.effective_cpus", v.cpus + "\n")
     _w(root / "cpuset" / rel / "cpuset.cpus", v.cpus + "\n")

@@ -40,7 +40,7 @@ class FixtureNode:
     _busy: dict[int, int] = field(default_factory=dict)
     _idle: dict[int, int] = field(default_factory=dict)
 
-    def start(self) -> "FixtureNode":
+    def start(self) -> FixtureNode:
         spec = MACHINES[self.machine]
         sysfs = build_sysfs(spec, self.tmp / "sys")
         self.cg = self.tmp / "cgroup"

@@ -9,10 +9,15 @@ small filesystem (mfusepy over libfuse3) that follows Documentation/arch/x86/res
   ``info/L3_MON/{num_rmids,mon_features,max_threshold_occupancy}`` when monitoring is on,
   ``info/L3/{num_closids,cbm_mask,min_cbm_bits}`` and ``info/MB/{min_bandwidth,bandwidth_gran}`` for the
   allocation resources;
+- ``schemata`` writes follow the kernel's allocation rules (:class:`AllocationRules`: CBMs within cbm_mask,
+  contiguous, at least min_cbm_bits; MB ranges and granularity or MBps with ``mba_MBps``; CDP as
+  L3CODE/L3DATA; a refused write changes nothing and says why in last_cmd_status); a CTRL_MON ``mkdir``
+  past num_closids fails ENOSPC, "Out of CLOSIDs";
 - the root CTRL_MON group and ``mkdir``-made ones at the top level, each with ``tasks``, ``cpus``,
   ``cpus_list``, ``schemata`` (with allocation), ``mon_groups/`` and ``mon_data/mon_L3_XX/<event>``;
 - MON groups under ``<ctrl>/mon_groups/``; each CTRL_MON or MON group holds one RMID out of
-  ``num_rmids`` (the root's is RMID 0). ``mkdir`` past the limit fails ENOSPC, "Out of RMIDs".
+  ``num_rmids`` (the root's is RMID 0). ``mkdir`` past the limit fails ENOSPC, "Out of RMIDs", or EBUSY
+  while freed RMIDs are in limbo (``limbo_seconds`` of emulated time after their group's rmdir).
 - ``tasks`` writes take one task id; a MON group only takes tasks of its parent CTRL_MON group
   ("Can't move task to different control group", EINVAL), unknown ids fail ESRCH ("No task N").
 - a MON group's event files count its own tasks; a CTRL_MON group's the sum of its own and its MON
@@ -72,6 +77,114 @@ class TaskTruth:
     occupancy: dict[int, int] = field(default_factory=dict)  # domain -> bytes
 
 
+class AllocError(Exception):
+    """A schemata write the kernel refuses: errno and the info/last_cmd_status text."""
+
+    def __init__(self, err: int, status: str):
+        super().__init__(status)
+        self.errno = err
+        self.status = status
+
+
+@dataclass
+class AllocationRules:
+    """The kernel's allocation rules (Documentation/arch/x86/resctrl.rst; messages as fs/resctrl/ctrlmondata.c
+    writes them to info/last_cmd_status): CBMs within cbm_mask, contiguous, at least min_cbm_bits; MB a
+    percentage in [min_bandwidth, 100] rounded up to bandwidth_gran, or any MBps value with ``mba_mbps``
+    (whose default is U32_MAX); CDP splits L3 into L3CODE/L3DATA with half the CLOSIDs; a CTRL_MON group takes
+    a CLOSID out of the smallest num_closids (the root group has CLOSID 0)."""
+
+    cbm_mask: int = 0xFFF
+    min_cbm_bits: int = 1
+    shareable_bits: int = 0
+    l3_closids: int = 16
+    mb_closids: int = 8
+    min_bandwidth: int = 10
+    bandwidth_gran: int = 10
+    cdp: bool = False
+    mba_mbps: bool = False
+
+    def resources(self, allocation) -> list[str]:
+        out = (["L3CODE", "L3DATA"] if self.cdp else ["L3"]) if "L3" in allocation else []
+        return out + (["MB"] if "MB" in allocation else [])
+
+    def num_closids(self, allocation) -> int:
+        n = [self.l3_closids // (2 if self.cdp else 1)] if "L3" in allocation else []
+        return min(n + ([self.mb_closids] if "MB" in allocation else []), default=0)
+
+    def info(self, allocation) -> dict[str, dict[str, str]]:
+        tree: dict[str, dict[str, str]] = {}
+        for res in self.resources(allocation):
+            if res == "MB":
+                tree[res] = {"num_closids": f"{self.mb_closids}\n", "min_bandwidth": f"{self.min_bandwidth}\n",
+                             "bandwidth_gran": f"{self.bandwidth_gran}\n", "delay_linear": "1\n"}
+            else:
+                tree[res] = {"num_closids": f"{self.l3_closids // (2 if self.cdp else 1)}\n",
+                             "cbm_mask": f"{self.cbm_mask:x}\n", "min_cbm_bits": f"{self.min_cbm_bits}\n",
+                             "shareable_bits": f"{self.shareable_bits:x}\n"}
+        return tree
+
+    def defaults(self, allocation, domains) -> dict[str, dict[int, int]]:
+        mb = 2**32 - 1 if self.mba_mbps else 100
+        return {r: {d: (mb if r == "MB" else self.cbm_mask) for d in domains} for r in self.resources(allocation)}
+
+    def render(self, schemata: dict[str, dict[int, int]]) -> str:
+        return "".join(f"{r}:" + ";".join((f"{d}={v}" if r == "MB" else f"{d}={v:x}") for d, v in sorted(vals.items()))
+                       + "\n" for r, vals in schemata.items())
+
+    def _value(self, res: str, text: str) -> int:
+        if res == "MB":
+            if not text.isdigit():
+                raise AllocError(errno.EINVAL, f"Non-decimal digit in MB value {text}")
+            bw = int(text)
+            if self.mba_mbps:
+                return bw
+            if not self.min_bandwidth <= bw <= 100:
+                raise AllocError(errno.EINVAL, f"MB value {bw} out of range [{self.min_bandwidth},100]")
+            return -(-bw // self.bandwidth_gran) * self.bandwidth_gran
+        try:
+            val = int(text, 16)
+        except ValueError:
+            raise AllocError(errno.EINVAL, f"Non-hex character in the mask {text}") from None
+        if (self.min_cbm_bits > 0 and val == 0) or val > self.cbm_mask:
+            raise AllocError(errno.EINVAL, "Mask out of range")
+        low = (val & -val).bit_length() - 1
+        run = (val >> low) if val else 0
+        if run & (run + 1):
+            raise AllocError(errno.EINVAL, f"The mask {val:x} has non-consecutive 1-bits")
+        if run.bit_length() < self.min_cbm_bits:
+            raise AllocError(errno.EINVAL, f"Need at least {self.min_cbm_bits} bits in the mask")
+        return val
+
+    def apply(self, current: dict[str, dict[int, int]], text: str) -> dict[str, dict[int, int]]:
+        """The group's schemata after writing ``text``: all lines are checked before any is applied
+        (rdtgroup_schemata_write stages the whole write)."""
+        staged = {r: dict(v) for r, v in current.items()}
+        for line in text.splitlines():
+            line = line.strip()
+            if not line:
+                continue
+            res, sep, rest = line.partition(":")
+            if not sep:
+                raise AllocError(errno.EINVAL, "Missing ':'")
+            res = res.strip()
+            if res not in staged:
+                raise AllocError(errno.EINVAL, f"Unknown or unsupported resource name '{res}'")
+            seen: set[int] = set()
+            for item in rest.split(";"):
+                dom, eq, val = item.strip().partition("=")
+                if not eq or not dom.strip().isdigit():
+                    raise AllocError(errno.EINVAL, "Missing '=' or non-numeric domain")
+                d = int(dom)
+                if d not in staged[res]:
+                    raise AllocError(errno.EINVAL, f"Unknown domain {d}")
+                if d in seen:
+                    raise AllocError(errno.EINVAL, f"Duplicate domain {d}")
+                seen.add(d)
+                staged[res][d] = self._value(res, val.strip())
+        return staged
+
+
 def _enoent():
     import mfusepy
 
@@ -80,7 +193,8 @@ def _enoent():
 
 class ResctrlEmulator:
     def __init__(self, domains=(0, 1), features=FEATURES_ALL, num_rmids: int = 16, allocation=("L3", "MB"),
-                 monitoring: bool = True, width_bits: int = 64, known_tasks: set[int] | None = None):
+                 monitoring: bool = True, width_bits: int = 64, known_tasks: set[int] | None = None,
+                 rules: AllocationRules | None = None):
         self.domains = tuple(domains)
         self.features = tuple(features) if monitoring else ()
         self.num_rmids = num_rmids
@@ -88,6 +202,8 @@ class ResctrlEmulator:
         self.monitoring = monitoring
         self.width_bits = width_bits
         self.known_tasks = known_tasks  # None: any positive id is a task
+        self.rules = rules or AllocationRules()
+        self.schemata: dict[str, dict[str, dict[int, int]]] = {"": self.rules.defaults(self.allocation, self.domains)}
         self.root = Group("", None, 0)
         self.ctrls: dict[str, Group] = {}
         self.task_ctrl: dict[int, Group] = {}  # tasks not listed are in the root group
@@ -97,6 +213,12 @@ class ResctrlEmulator:
         self.last_cmd_status = "ok"
         self.freed_rmids: list[int] = []
         self.next_rmid = 1
+        # RMID limbo (arch/x86/kernel/cpu/resctrl/monitor.c): a freed RMID is reused only once the cache lines
+        # it tagged have been evicted; until then a mkdir that finds no free RMID fails EBUSY, not ENOSPC.
+        # 0: freed RMIDs are free at once. Time is the emulated time of advance().
+        self.limbo_seconds = 0.0
+        self.limbo: list[tuple[int, float]] = []  # (rmid, emulated time it leaves limbo)
+        self.emulated_seconds = 0.0
         self.commands: list[str] = []  # every mkdir/rmdir/write, for tests to inspect
         self.lock = threading.RLock()
         self.mountpoint: Path | None = None
@@ -119,6 +241,7 @@ class ResctrlEmulator:
 
     def advance(self, seconds: float) -> None:
         with self.lock:
+            self.emulated_seconds += seconds
             mod = 1 << self.width_bits
             for tid, t in self.truth.items():
                 g = self.owner(tid)
@@ -169,7 +292,15 @@ class ResctrlEmulator:
             return sorted(t for t, c in self.task_ctrl.items() if c is g)
         return sorted(t for t, m in self.task_mon.items() if m is g)
 
+    def _free_rmid(self, rmid: int) -> None:
+        if self.limbo_seconds > 0:
+            self.limbo.append((rmid, self.emulated_seconds + self.limbo_seconds))
+        else:
+            self.freed_rmids.append(rmid)
+
     def _alloc_rmid(self) -> int | None:
+        self.freed_rmids += [r for r, until in self.limbo if until <= self.emulated_seconds]
+        self.limbo = [(r, until) for r, until in self.limbo if until > self.emulated_seconds]
         if self.freed_rmids:
             return self.freed_rmids.pop(0)
         if self.next_rmid < self.num_rmids:
@@ -210,9 +341,7 @@ class ResctrlEmulator:
             if parts[0] == "tasks":
                 return ("file", "".join(f"{t}\n" for t in self._tasks_of(g)), True)
             if parts[0] == "schemata":
-                lines = [f"L3:{';'.join(f'{d}=fff' for d in self.domains)}"] if "L3" in self.allocation else []
-                lines += [f"MB:{';'.join(f'{d}=100' for d in self.domains)}"] if "MB" in self.allocation else []
-                return ("file", "\n".join(lines) + "\n", True)
+                return ("file", self.rules.render(self.schemata[g.name]), True)
             return ("file", "\n", True)
         if parts[0] == "mon_data" and self.monitoring:
             doms = {f"mon_L3_{d:02d}": d for d in self.domains}
@@ -229,13 +358,10 @@ class ResctrlEmulator:
     def _resolve_info(self, parts: list[str]):
         tree: dict[str, dict[str, str]] = {}
         if self.monitoring:
-            tree["L3_MON"] = {"num_rmids": f"{self.num_rmids}\n", "mon_features": "".join(f"{f}\n" for f in self.features),
+            tree["L3_MON"] = {"num_rmids": f"{self.num_rmids}\n",
+                              "mon_features": "".join(f"{f}\n" for f in self.features),
                               "max_threshold_occupancy": "1048576\n"}
-        if "L3" in self.allocation:
-            tree["L3"] = {"num_closids": "16\n", "cbm_mask": "fff\n", "min_cbm_bits": "1\n", "shareable_bits": "0\n"}
-        if "MB" in self.allocation:
-            tree["MB"] = {"num_closids": "8\n", "min_bandwidth": "10\n", "bandwidth_gran": "10\n",
-                          "delay_linear": "1\n"}
+        tree.update(self.rules.info(self.allocation))
         if not parts:
             return ("dir", ["last_cmd_status"] + sorted(tree))
         if parts == ["last_cmd_status"]:
@@ -320,6 +446,12 @@ class ResctrlEmulator:
     def _write(self, path: str, data: bytes) -> int:
         parts = [p for p in path.split("/") if p]
         if parts[-1] == "schemata":
+            name = parts[0] if len(parts) == 2 else ""
+            self.commands.append(f"write {path} {data.decode(errors='replace').strip()}")
+            try:
+                self.schemata[name] = self.rules.apply(self.schemata[name], data.decode(errors="replace"))
+            except AllocError as e:
+                raise self._fail(e.errno, e.status) from None
             self.last_cmd_status = "ok"
             return len(data)
         if parts[-1] != "tasks":
@@ -351,10 +483,13 @@ class ResctrlEmulator:
                 raise self._fail(errno.EEXIST, "")
             if not self.allocation:
                 raise self._fail(errno.EPERM, "")  # no CLOSIDs to give without allocation
+            if 1 + len(self.ctrls) >= self.rules.num_closids(self.allocation):
+                raise self._fail(errno.ENOSPC, "Out of CLOSIDs")
             rmid = self._alloc_rmid() if self.monitoring else 0
             if rmid is None:
                 raise self._fail(errno.ENOSPC, "Out of RMIDs")
             self.ctrls[parts[0]] = Group(parts[0], None, rmid)
+            self.schemata[parts[0]] = self.rules.defaults(self.allocation, self.domains)
         elif (len(parts) == 2 and parts[0] == "mon_groups") or (len(parts) == 3 and parts[1] == "mon_groups"
                                                                   and parts[0] in self.ctrls):
             if not self.monitoring:
@@ -363,8 +498,8 @@ class ResctrlEmulator:
             if parts[-1] in ctrl.mon_groups:
                 raise self._fail(errno.EEXIST, "")
             rmid = self._alloc_rmid()
-            if rmid is None:
-                raise self._fail(errno.ENOSPC, "Out of RMIDs")
+            if rmid is None:  # monitor.c alloc_rmid(): -EBUSY while some are in limbo, else -ENOSPC
+                raise self._fail(errno.EBUSY if self.limbo else errno.ENOSPC, "Out of RMIDs")
             ctrl.mon_groups[parts[-1]] = Group(parts[-1], ctrl, rmid)
         else:
             raise self._fail(errno.EPERM, "")
@@ -375,9 +510,10 @@ class ResctrlEmulator:
         self.commands.append(f"rmdir {path}")
         if len(parts) == 1 and parts[0] in self.ctrls:
             g = self.ctrls.pop(parts[0])
+            self.schemata.pop(parts[0], None)
             for m in g.mon_groups.values():
-                self.freed_rmids.append(m.rmid)
-            self.freed_rmids.append(g.rmid)
+                self._free_rmid(m.rmid)
+            self._free_rmid(g.rmid)
             for t in [t for t, c in self.task_ctrl.items() if c is g]:
                 del self.task_ctrl[t]  # back to the root group
                 self.task_mon.pop(t, None)
@@ -386,7 +522,7 @@ class ResctrlEmulator:
             if ctrl is None or parts[-1] not in ctrl.mon_groups:
                 raise _enoent()
             g = ctrl.mon_groups.pop(parts[-1])
-            self.freed_rmids.append(g.rmid)
+            self._free_rmid(g.rmid)
             for t in [t for t, m in self.task_mon.items() if m is g]:
                 del self.task_mon[t]  # tasks go to the parent CTRL_MON group
         else:

@@ -9,8 +9,14 @@ import pytest
 from cri_resmgr.collectors.avx512 import RatioWindow, choose_attribution, next_active
 from cri_resmgr.collectors.base import CollectorUnavailable
 from cri_resmgr.collectors.cgroup import detect_layout, find_containers
-from cri_resmgr.collectors.cgroup_ids import (CgroupIdResolver, PidResolver, owning_container, parse_proc_cgroup,
-                                              path_in_hierarchy, scan_cgroup_ids)
+from cri_resmgr.collectors.cgroup_ids import (
+    CgroupIdResolver,
+    PidResolver,
+    owning_container,
+    parse_proc_cgroup,
+    path_in_hierarchy,
+    scan_cgroup_ids,
+)
 from cri_resmgr.collectors.identity import parse_container_path
 
 from .avx512fs import add_process

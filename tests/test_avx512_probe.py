@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from cri_resmgr.config import Avx512CollectorConfig, Paths
 from cri_resmgr.collectors.avx512 import Avx512Collector
+from cri_resmgr.config import Avx512CollectorConfig, Paths
 from cri_resmgr.ebpf import probe as P
 from cri_resmgr.topology import Topology
 

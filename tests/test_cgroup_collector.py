@@ -138,7 +138,8 @@ def test_missing_runtime_socket_is_reported_and_names_stay_empty(tmp_path: Path)
     col = CgroupCollector(tmp_path, names=RuntimeNames(tmp_path / "no.sock"))
     samples = col.collect(0.0)
     assert {s.labels["container"] for s in samples} == {""}
-    assert col.status() == f"cgroup v2; no runtime socket at {tmp_path / 'no.sock'}: container and pod names unknown"
+    assert col.status().startswith("cgroup v2; discovery: inotify")
+    assert col.status().endswith(f"; no runtime socket at {tmp_path / 'no.sock'}: container and pod names unknown")
 
 
 def test_unreachable_runtime_socket_is_reported_not_fatal(tmp_path: Path):
@@ -201,3 +202,17 @@ def test_sandbox_pause_containers_get_their_pods_names():
 
     sb = pb.PodSandbox(id="s1", metadata=pb.PodSandboxMetadata(name="p", namespace="ns", uid="u"))
     assert sandbox_names([sb]) == {"s1": ContainerNames("ns", "p", "")}
+
+
+def test_names_carry_only_cri_resource_manager_annotations_of_pod_and_container():
+    from cri_api.v1 import api_pb2 as pb
+
+    from cri_resmgr.collectors.names import names_from
+
+    sb = pb.PodSandbox(id="s1", metadata=pb.PodSandboxMetadata(name="p", namespace="ns", uid="u"),
+                       annotations={"rdt-monitor.cri-resource-manager.intel.com/pod": "true", "other/x": "big"})
+    c = pb.Container(id="c1", pod_sandbox_id="s1", metadata=pb.ContainerMetadata(name="c"),
+                     annotations={"rdt-monitor.cri-resource-manager.intel.com/container.c": "false"})
+    got = names_from([c], [sb])["c1"]
+    assert got.annotations == (("rdt-monitor.cri-resource-manager.intel.com/container.c", "false"),
+                               ("rdt-monitor.cri-resource-manager.intel.com/pod", "true"))

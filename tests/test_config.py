@@ -35,7 +35,7 @@ def test_wrong_type_names_key_and_value():
 
 def test_impossible_values_are_rejected():
     (p,) = problems(file_data={"collectors": {"cpu": {"interval_seconds": 0}}})
-    assert p.startswith("collectors.cpu.interval_seconds:") and "greater than 0" in p
+    assert p.startswith("collectors.cpu.interval_seconds:") and "greater than or equal to 0.1" in p
     (p,) = problems(file_data={"listen": "127.0.0.1:70000"})
     assert p.startswith("listen:") and "outside 0..65535" in p
     (p,) = problems(file_data={"listen": "nohostport"})
@@ -52,7 +52,8 @@ def test_node_override_applies_only_to_its_node():
 
 
 def test_node_override_for_any_option_including_paths_and_dirs():
-    data = {"node_overrides": {"n": {"paths": {"sysfs": "/host/sys"}, "state_dir": "/data/crm", "listen": "0.0.0.0:9"}}}
+    data = {"api": {"read_token": "scrape-token"},
+            "node_overrides": {"n": {"paths": {"sysfs": "/host/sys"}, "state_dir": "/data/crm", "listen": "0.0.0.0:9"}}}
     cfg = build_config(data, env={"NODE_NAME": "n"})
     assert str(cfg.paths.sysfs) == "/host/sys" and str(cfg.state_dir) == "/data/crm" and cfg.listen == "0.0.0.0:9"
 
@@ -122,4 +123,4 @@ def test_cli_exits_2_naming_the_key(tmp_path: Path):
     r = subprocess.run([sys.executable, "-m", "cri_resmgr.cli", "run", "--config", str(f)],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2
-    assert "collectors.cgroup.interval_seconds" in r.stderr and "greater than 0" in r.stderr
+    assert "collectors.cgroup.interval_seconds" in r.stderr and "greater than or equal to 0.1" in r.stderr

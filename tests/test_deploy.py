@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from cri_resmgr.cli import build_parser
-from cri_resmgr.config import Config, build_config
+from cri_resmgr.config import Config, ConfigError, build_config
 
 ROOT = Path(__file__).resolve().parent.parent
 BASE = ROOT / "deploy" / "kustomize" / "base"
@@ -87,7 +87,12 @@ def test_kustomize_build_validates_and_wires_the_config():
     (ds,) = [d for d in docs if d["kind"] == "DaemonSet"]
     vols = {v["name"]: v for v in ds["spec"]["template"]["spec"]["volumes"]}
     assert vols["config"]["configMap"]["name"] == cm["metadata"]["name"]  # the hashed name, rewritten
-    build_config(yaml.safe_load(cm["data"]["config.yaml"]), env={})
+    env = {e["name"]: e for e in ds["spec"]["template"]["spec"]["containers"][0]["env"]}
+    # The pod's address is not loopback: the config alone is refused, the read token from the Secret makes it start.
+    assert env["CRI_RESMGR_API__READ_TOKEN"]["valueFrom"]["secretKeyRef"]["key"] == "read-token"
+    with pytest.raises(ConfigError, match=r"api\.read_token"):
+        build_config(yaml.safe_load(cm["data"]["config.yaml"]), env={})
+    build_config(yaml.safe_load(cm["data"]["config.yaml"]), env={"CRI_RESMGR_API__READ_TOKEN": "from-secret"})
     assert ds["spec"]["template"]["spec"]["containers"][0]["image"].startswith("ghcr.io/cri-resmgr/cri-resmgr:")
 
 
@@ -109,11 +114,12 @@ def test_daemonset_has_only_the_capabilities_and_mounts_it_needs():
     assert set(mounts) == {v["name"] for v in pod["volumes"]}  # every volume mounted, every mount backed
     assert mounts["cgroup"]["readOnly"] and mounts["btf"]["readOnly"] and mounts["tracefs"]["readOnly"]
     # The agent's configured roots are where the host paths are mounted.
-    cfg = build_config(yaml.safe_load((BASE / "config.yaml").read_text()), env={})
+    cfg = build_config(yaml.safe_load((BASE / "config.yaml").read_text()), env={"CRI_RESMGR_API__READ_TOKEN": "t"})
     mount_of = {host[n]: m["mountPath"] for n, m in mounts.items() if n in host}
     assert str(cfg.paths.cgroup) == mount_of["/sys/fs/cgroup"]
     assert str(cfg.paths.resctrl) == mount_of["/sys/fs/resctrl"]
-    assert str(cfg.run_dir) == mount_of["/var/run/cri-resmgr"] and str(cfg.state_dir) == mount_of["/var/lib/cri-resmgr/agent"]
+    assert str(cfg.run_dir) == mount_of["/var/run/cri-resmgr"]
+    assert str(cfg.state_dir) == mount_of["/var/lib/cri-resmgr/agent"]
     # It listens where the probes, the Service and the ServiceMonitor look.
     host_, port = cfg.listen_address()
     assert host_ == "0.0.0.0" and {p["name"]: p["containerPort"] for p in c["ports"]} == {"http": port}
@@ -204,6 +210,8 @@ def test_containerfile_builds_from_files_that_exist():
         if ln.startswith("COPY ") and "--from=" not in ln:
             for src in ln.split()[1:-1]:
                 assert (ROOT / src).exists(), src
-    assert 'ENTRYPOINT ["cri-resmgr"]' in text and "make bpf" in text and "libbpf1" in text
+    assert 'ENTRYPOINT ["cri-resmgr"]' in text and "libbpf1" in text
+    # the wheel's build hook compiles the eBPF object; the image build fails rather than ship without it
+    assert "CRI_RESMGR_REQUIRE_BPF=1 pip wheel" in text and "bpftool" not in text
     cmd = next(ln for ln in lines if ln.startswith("CMD "))
     assert build_parser().parse_args(yaml.safe_load(cmd[4:])).cmd == "run"

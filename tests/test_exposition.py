@@ -1,10 +1,11 @@
 import math
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from cri_resmgr import metrics as M
-from cri_resmgr.export.exposition import Exposition
-from cri_resmgr.export.prometheus import DirectSample, StoreCollector, make_registry, render
+from cri_resmgr.export.exposition import DirectSample, Exposition, format_family, format_histogram
+from cri_resmgr.export.reference import StoreCollector, make_registry, render
 from cri_resmgr.store import Sample, Store
 
 
@@ -50,4 +51,40 @@ def test_stale_series_not_exported_and_cache_follows_changes():
     assert 'cri_resmgr_cpu_busy_seconds_total{cpu="0"}' not in text
     s.append("b", 3, [Sample(M.CPU_BUSY.name, {"cpu": "0"}, 5.0)])
     text = e.render().decode()
-    assert 'cri_resmgr_cpu_busy_seconds_total{cpu="0"} 5.0' in text and '{cpu="1"}' not in text.split("busy")[1].split("#")[0]
+    assert 'cri_resmgr_cpu_busy_seconds_total{cpu="0"} 5.0' in text
+    assert '{cpu="1"}' not in text.split("busy")[1].split("#")[0]
+
+
+def _parsed(text: str) -> set[tuple[str, tuple[tuple[str, str], ...], float]]:
+    return {(s.name, tuple(sorted(s.labels.items())), s.value)
+            for fam in text_string_to_metric_families(text) for s in fam.samples if not s.name.endswith("_created")}
+
+
+def test_family_and_histogram_writers_match_prometheus_client():
+    """The shared writers for values outside the store (relay and NRI statistics) against the library's own
+    Counter and Histogram over the same observations, hostile label values included."""
+    from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+
+    reg = CollectorRegistry()
+    c = Counter(M.RELAY_REQUESTS.name, M.RELAY_REQUESTS.help, ["method", "code"], registry=reg)
+    h = Histogram(M.RELAY_REQUEST_DURATION.name, M.RELAY_REQUEST_DURATION.help, ["method"], registry=reg,
+                  buckets=(0.001, 0.01, 1.0))
+    weird = 'a"b\\c\nd'
+    c.labels("Version", "OK").inc(3)
+    c.labels(weird, "Unknown").inc()
+    observations = {"Version": [0.0005, 0.002, 0.5, 7.0], weird: [0.01]}
+    for method, values in observations.items():
+        for v in values:
+            h.labels(method).observe(v)
+    ours = format_family(M.RELAY_REQUESTS, [([("method", "Version"), ("code", "OK")], 3.0),
+                                             ([("method", weird), ("code", "Unknown")], 1.0)])
+    rows = []
+    for method, values in observations.items():
+        counts = [0, 0, 0, 0]
+        for v in values:
+            counts[next(i for i, b in enumerate((0.001, 0.01, 1.0, math.inf)) if v <= b)] += 1
+        rows.append(([("method", method)], (0.001, 0.01, 1.0), counts, sum(values)))
+    ours += format_histogram(M.RELAY_REQUEST_DURATION, rows)
+    assert _parsed(ours) == _parsed(generate_latest(reg).decode())
+    with pytest.raises(ValueError, match="bucket counts"):
+        format_histogram(M.RELAY_REQUEST_DURATION, [([], (1.0,), [1], 1.0)])

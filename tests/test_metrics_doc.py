@@ -11,9 +11,14 @@ from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
 from cri_resmgr import metrics as M
-from cri_resmgr.config import RemoteWriteConfig
+from cri_resmgr.collectors.sst import SstCollector
+from cri_resmgr.config import RemoteWriteConfig, SstCollectorConfig
 from cri_resmgr.export.remote_write import RemoteWriter
+from cri_resmgr.nri.stats import NriStats
+from cri_resmgr.relay.stats import RelayStats
 from cri_resmgr.store import Store
+from cri_resmgr.topology import discover
+from cri_resmgr.topology.fixtures import MACHINES, build_sysfs
 from cri_resmgr.web.app import create_app
 
 from .nodefixture import FixtureContainer, FixtureNode, kubepods
@@ -40,6 +45,22 @@ def test_doc_lists_every_metric_with_type_and_help():
         assert f"| {spec.type} |" in row and spec.help.replace("|", "\\|") in row
 
 
+def test_every_metric_declares_its_labels():
+    """So the doc shows them and the test below can hold the exporters to them."""
+    undeclared = sorted(s.name for s in M.all_specs().values() if s.labels is None)
+    assert not undeclared, f"define(..., labels=(...)) missing for {undeclared}"
+
+
+def _label_sets(text: str, seen: dict[str, set[tuple[str, ...]]]) -> None:
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if fam.type == "histogram":  # _bucket{le}, _sum and _count series of the declared name
+                name, labels = fam.name, [k for k in s.labels if k != "le"]
+            else:
+                name, labels = s.name, list(s.labels)
+            seen.setdefault(name, set()).add(tuple(sorted(labels)))
+
+
 def test_declared_labels_are_what_the_agent_exports(tmp_path):
     node = FixtureNode(tmp_path, "small-offline-isolated",
                        [kubepods("3", "c", "0-1"), FixtureContainer("demo/x", "2", name="x", namespace="demo")]).start()
@@ -50,9 +71,18 @@ def test_declared_labels_are_what_the_agent_exports(tmp_path):
     finally:
         node.stop()
     seen: dict[str, set[tuple[str, ...]]] = {}
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            seen.setdefault(s.name, set()).add(tuple(sorted(s.labels)))
+    _label_sets(text, seen)
+    # Sources the fixture agent does not run: the SST collector on a fixture Xeon's sysfs, the relay's and the NRI
+    # plugin's statistics.
+    sysfs = build_sysfs(MACHINES["xeon-2s-112c-snc2"], tmp_path / "xeon" / "sys")
+    for smp in SstCollector(sysfs, SstCollectorConfig(isst_device=tmp_path / "no-isst"), discover(sysfs)).collect(0.0):
+        seen.setdefault(smp.metric, set()).add(tuple(sorted(smp.labels)))
+    stats = RelayStats()
+    stats.record("/runtime.v1.RuntimeService/Version", "OK", 0.001)
+    _label_sets(stats.render(), seen)
+    nri = NriStats()
+    nri.record("CreateContainer", "ok", 0.002)
+    _label_sets(nri.render(), seen)
     w = RemoteWriter(lambda: RemoteWriteConfig(url="http://127.0.0.1:1/"), Store())
     for d in w.self_metrics():
         seen.setdefault(d.spec.name, set()).add(tuple(sorted(d.labels)))
@@ -63,4 +93,5 @@ def test_declared_labels_are_what_the_agent_exports(tmp_path):
             continue
         assert label_sets == {tuple(sorted(spec.labels))}, (name, label_sets, spec.labels)
         checked += 1
-    assert checked >= 18  # cgroup, cpu, collector health, config, store and remote_write metrics
+    # cgroup, cpu, collector health, config, store, remote_write, SST, relay and NRI request metrics
+    assert checked >= 31, checked

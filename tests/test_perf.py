@@ -3,6 +3,7 @@ descriptor budget, and real software-event counts on real cgroups (root)."""
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import struct
@@ -96,7 +97,8 @@ def test_perfmon_json_names_resolve_to_core_pmu_encodings():
 
 
 def test_perfmon_list_format_and_bad_files(tmp_path):
-    (tmp_path / "old.json").write_text('[{"EventCode": "0x3C", "UMask": "0x00", "EventName": "CPU_CLK_UNHALTED.THREAD_P"}]')
+    (tmp_path / "old.json").write_text(
+        '[{"EventCode": "0x3C", "UMask": "0x00", "EventName": "CPU_CLK_UNHALTED.THREAD_P"}]')
     assert load_perfmon(tmp_path / "old.json")["CPU_CLK_UNHALTED.THREAD_P"].config == 0x3C
     (tmp_path / "bad.json").write_text('{"nothing": 1}')
     with pytest.raises(EventResolveError, match="not a perfmon event file"):
@@ -190,7 +192,8 @@ def containers():
 
 def _value(samples, metric: str, cid: str, **labels) -> float | None:
     for s in samples:
-        if s.metric == metric and s.labels.get("container_id") == cid and all(s.labels.get(k) == v for k, v in labels.items()):
+        if (s.metric == metric and s.labels.get("container_id") == cid
+                and all(s.labels.get(k) == v for k, v in labels.items())):
             return s.value
     return None
 
@@ -330,7 +333,8 @@ def v1_perf_event_mount():
     if mnt.exists():
         pytest.skip(f"{mnt} already exists (mounted by the host)")
     mnt.mkdir()
-    r = subprocess.run(["mount", "-t", "cgroup", "-o", "perf_event", "cgroup", str(mnt)], capture_output=True, text=True)
+    r = subprocess.run(["mount", "-t", "cgroup", "-o", "perf_event", "cgroup", str(mnt)], capture_output=True,
+                       text=True)
     if r.returncode != 0:
         mnt.rmdir()
         pytest.skip(f"cannot mount a v1 perf_event hierarchy: {r.stderr.strip()}")
@@ -356,10 +360,8 @@ def _unmount_v1_perf_event(mnt: Path) -> None:
     deadline = time.time() + 30
     # Children left by a failed test would keep the hierarchy alive: remove them deepest first.
     for d in sorted((p for p in mnt.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True):
-        try:
+        with contextlib.suppress(OSError):
             d.rmdir()
-        except OSError:
-            pass
     subprocess.run(["umount", str(mnt)], check=False)
     while _perf_event_on_v1() and time.time() < deadline:
         time.sleep(0.5)
@@ -386,7 +388,8 @@ def test_v1_perf_event_hierarchy_is_used_when_mounted(v1_perf_event_mount):
         disc.collect(time.time())
         s1 = col.collect(time.time())
         u1 = disc.containers[cg.container_id].stats.cpu_usage_seconds
-        d = _value(s1, M.CONTAINER_PERF_CPU_CLOCK.name, cg.container_id) - _value(s0, M.CONTAINER_PERF_CPU_CLOCK.name, cg.container_id)
+        clock = M.CONTAINER_PERF_CPU_CLOCK.name
+        d = _value(s1, clock, cg.container_id) - _value(s0, clock, cg.container_id)
         assert d > 0.1 and d == pytest.approx(u1 - u0, rel=0.15), (d, u1 - u0)
         assert "cgroup v1 perf_event" in col.summary()
     finally:
@@ -394,3 +397,26 @@ def test_v1_perf_event_hierarchy_is_used_when_mounted(v1_perf_event_mount):
         p.kill()
         p.wait()
         cg.remove()
+
+
+def test_enabled_and_running_time_and_descriptors_are_reported_per_container(containers):
+    """Software events never multiplex (running == enabled); what is checked is that the kernel's times
+    arrive and that the descriptors held are those the container's CPUs x events need."""
+    _need_root()
+    (cg,) = containers(1)
+    cid = cg.container_id
+    events = ["cpu-clock", "page-faults"]
+    disc, col = _collector(PerfCollectorConfig(events=events))
+    try:
+        disc.collect(time.time())
+        s0 = col.collect(time.time())
+        time.sleep(1.0)
+        s1 = col.collect(time.time())
+        enabled = _value(s1, M.CONTAINER_PERF_ENABLED.name, cid) - _value(s0, M.CONTAINER_PERF_ENABLED.name, cid)
+        running = _value(s1, M.CONTAINER_PERF_RUNNING.name, cid) - _value(s0, M.CONTAINER_PERF_RUNNING.name, cid)
+        assert 0.2 < running <= enabled  # the busy process ran for much of the second
+        fds = _value(s1, M.CONTAINER_PERF_DESCRIPTORS.name, cid)
+        assert fds == len(col.watched[cid].groups) * len(events) == col.watched[cid].fds
+        assert _perf_fds() >= fds
+    finally:
+        col.close()

@@ -11,8 +11,14 @@ from cri_resmgr import metrics as M
 from cri_resmgr.agent import Agent
 from cri_resmgr.collectors.base import CollectorUnavailable
 from cri_resmgr.collectors.cgroup import CgroupCollector
-from cri_resmgr.collectors.rdt import (GROUP_PREFIX, Counter, RdtCollector, counter_delta, parse_mon_features,
-                                       parse_mon_value)
+from cri_resmgr.collectors.rdt import (
+    GROUP_PREFIX,
+    Counter,
+    RdtCollector,
+    counter_delta,
+    parse_mon_features,
+    parse_mon_value,
+)
 from cri_resmgr.config import RdtCollectorConfig, build_config
 
 from .cgroupfs import Values, make_v2
@@ -58,8 +64,14 @@ def emulator(tmp_path):
         return emu
 
     yield make
+    for col in _OPEN:  # a collector keeps its resctrl files open: close it first, as the agent does at stop
+        col.close()
+    _OPEN.clear()
     for emu in mounted:
         emu.unmount()
+
+
+_OPEN: list[RdtCollector] = []
 
 
 class Node:
@@ -70,9 +82,9 @@ class Node:
         self.next_tid = 1000
         self.rel: dict[str, str] = {}
 
-    def add(self, n_threads: int = 2) -> tuple[str, list[int]]:
+    def add(self, n_threads: int = 2, qos: str = "burstable") -> tuple[str, list[int]]:
         cid = uuid.uuid4().hex + uuid.uuid4().hex
-        rel = f"kubepods/burstable/pod{uuid.uuid4()}/{cid}"
+        rel = f"kubepods/{qos}/pod{uuid.uuid4()}/{cid}".replace("/guaranteed/", "/")
         make_v2(self.root, rel, Values())
         tids = list(range(self.next_tid, self.next_tid + n_threads))
         self.next_tid += n_threads
@@ -96,7 +108,9 @@ def node(tmp_path):
 
 
 def _collector(emu: ResctrlEmulator, node: Node, **cfg) -> RdtCollector:
-    return RdtCollector(emu.mountpoint, node.root, RdtCollectorConfig(**cfg), CgroupCollector(node.root))
+    col = RdtCollector(emu.mountpoint, node.root, RdtCollectorConfig(**cfg), CgroupCollector(node.root))
+    _OPEN.append(col)
+    return col
 
 
 def _series(samples, metric: str, **labels) -> dict[tuple, float]:
@@ -176,7 +190,9 @@ def test_unavailable_and_error_readings_are_not_counted_and_said(emulator, node)
     emu.set_status(g, 1, "llc_occupancy", "Error")
     emu.advance(1.0)
     s1 = col.collect(1.0)
-    assert _one(s1, M.CONTAINER_MEMORY_BANDWIDTH.name, container_id=cid, scope="total", cache_id="0") is None
+    # not counted: the counter holds the bytes seen up to the last valid reading
+    assert (_one(s1, M.CONTAINER_MEMORY_BANDWIDTH.name, container_id=cid, scope="total", cache_id="0")
+            == _one(s0, M.CONTAINER_MEMORY_BANDWIDTH.name, container_id=cid, scope="total", cache_id="0"))
     assert _one(s1, M.CONTAINER_LLC_OCCUPANCY.name, container_id=cid, cache_id="1") is None
     assert _one(s1, M.CONTAINER_MEMORY_BANDWIDTH.name, container_id=cid, scope="total", cache_id="1") is not None
     assert "1 Unavailable" in col.status() and "1 Error" in col.status()
@@ -188,24 +204,66 @@ def test_unavailable_and_error_readings_are_not_counted_and_said(emulator, node)
     assert d == pytest.approx(2e9, rel=0.01)  # the bytes of the unreadable interval are not lost
 
 
-def test_rmid_exhaustion_reports_unmonitored_containers_and_recovers(emulator, node):
-    emu = emulator(num_rmids=3)  # RMID 0 is the root group's: room for two MON groups
-    cids = [node.add()[0] for _ in range(4)]
+def test_rmid_exhaustion_lowers_the_budget_reports_unmonitored_and_recovers(emulator, node):
+    emu = emulator(num_rmids=4)  # RMID 0 is the root group's: three for MON groups, as far as one can see
+    emu.next_rmid += 1  # ... but one is taken where no group shows it (an RMID in limbo): ENOSPC comes early
+    cids = [node.add()[0] for _ in range(3)]
     col = _collector(emu, node)
     s = col.collect(0.0)
-    assert len(col.groups) == 2 and len(col.unmonitored) == 2
-    for cid in col.unmonitored:
-        assert _one(s, M.CONTAINER_RDT_MONITORED.name, container_id=cid, reason="rmid_exhausted") == 0.0
-        assert "no free RMID: Out of RMIDs" in col.unmonitored[cid][1]
-    assert "unmonitored 2" in col.status() and "Out of RMIDs" in col.status()
+    assert len(col.groups) == 2 and len(col.unmonitored) == 1
+    (cid,) = col.unmonitored
+    assert _one(s, M.CONTAINER_RDT_MONITORED.name, container_id=cid, reason="rmid_exhausted") == 0.0
+    assert "no free RMID: Out of RMIDs" in col.unmonitored[cid][1]
+    assert "unmonitored 1" in col.status() and "Out of RMIDs" in col.status()
     mkdirs = sum(c.startswith("mkdir") for c in emu.commands)
-    col.collect(1.0)
-    assert sum(c.startswith("mkdir") for c in emu.commands) == mkdirs  # no mkdir storm while exhausted
+    s = col.collect(1.0)  # the budget is now what held: two groups, one of them rotating
+    assert col.capacity == 2 and _one(s, M.RDT_RMID_BUDGET.name) == 2.0
+    assert len(col.groups) == 2 and emu.used_rmids() <= 4
+    assert sum(c.startswith("mkdir") for c in emu.commands) - mkdirs <= 1  # no mkdir storm while exhausted
+    reasons = sorted(f"{dict(k)['reason']}={v:g}" for c in cids
+                     for k, v in _series(s, M.CONTAINER_RDT_MONITORED.name, container_id=c).items())
+    assert reasons == ["ranked=1", "rotation=1", "rotation_wait=0"]
     gone = next(iter(col.groups))
     node.remove(gone)
-    s = col.collect(2.0)  # the exited container's group is removed, its RMID given to a waiting one
+    col.collect(2.0)  # the exited container's group is removed, its RMID given to a waiting one
     assert gone not in col.groups and not (emu.mountpoint / "mon_groups" / (GROUP_PREFIX + gone)).exists()
-    assert len(col.groups) == 2 and len(col.unmonitored) == 1 and set(col.groups) | set(col.unmonitored) == set(cids) - {gone}
+    assert set(col.groups) == set(cids) - {gone} and not col.unmonitored
+
+
+def test_rotation_covers_every_container_and_scaled_rates_match_the_truth(emulator, node):
+    emu = emulator(num_rmids=5, domains=(0,))  # four MON groups for eight containers
+    truth = {}
+    for i in range(8):
+        cid, (tid, _) = node.add(n_threads=2, qos="guaranteed" if i == 1 else "burstable")
+        truth[cid] = (i + 1) * 1e8
+        emu.set_task(tid, mbm_total={0: truth[cid]})
+    vip = next(iter(truth))
+    guaranteed = list(truth)[1]
+    col = _collector(emu, node, rotation_slice_seconds=2.0, rotation_share=0.5,
+                     priority=[{"container_id": vip[:8] + "*"}])
+    first: dict[str, float] = {}
+    seen_reasons: dict[str, set[str]] = {c: set() for c in truth}
+    for t in range(41):
+        s = col.collect(float(t))
+        assert len(col.groups) <= 4 and emu.used_rmids() <= 5 and not col.issues
+        for cid in truth:
+            for labels, v in _series(s, M.CONTAINER_RDT_MONITORED.name, container_id=cid).items():
+                seen_reasons[cid].add(f"{dict(labels)['reason']}={v:g}")
+            if cid in col.groups and cid not in first:
+                first[cid] = float(t)
+        emu.advance(1.0)
+    assert seen_reasons[vip] == {"priority=1"} and seen_reasons[guaranteed] == {"ranked=1"}
+    for cid in set(truth) - {vip, guaranteed}:  # the rest took turns
+        assert seen_reasons[cid] == {"rotation=1", "rotation_wait=0"}, seen_reasons[cid]
+    for cid, rate in truth.items():
+        est = _one(s, M.CONTAINER_MEMORY_BANDWIDTH.name, container_id=cid, scope="total")
+        watched = _one(s, M.CONTAINER_RDT_MONITORED_SECONDS.name, container_id=cid)
+        elapsed = 40.0 - first[cid]
+        assert est / elapsed == pytest.approx(rate, rel=0.02), cid
+        if cid in (vip, guaranteed):
+            assert watched == elapsed
+        else:
+            assert 0 < watched < elapsed / 2
 
 
 def test_stale_groups_from_an_earlier_run_are_removed_and_live_ones_adopted(emulator, node):
@@ -233,9 +291,10 @@ def test_failed_task_write_surfaces_last_cmd_status(emulator, node):
     emu.move_task_to_ctrl(t1, "gold")  # e.g. a CAT class given by another tool: not in the root CTRL_MON group
     col = _collector(emu, node)
     s = col.collect(0.0)
-    (issue,) = col.issues
+    (issue,) = col.issues  # the group follows the first thread (in "gold"); the stray one cannot join it
+    assert (emu.mountpoint / "gold" / "mon_groups" / (GROUP_PREFIX + cid)).is_dir()
     assert issue.last_cmd_status == "Can't move task to different control group"
-    assert issue.error == "Invalid argument" and str(t1) in issue.operation
+    assert issue.error == "Invalid argument" and str(t2) in issue.operation
     assert "last_cmd_status: Can't move task to different control group" in col.status()
     assert _one(s, M.RDT_WRITE_ERRORS.name) == 1.0
 
@@ -318,7 +377,9 @@ def test_tasks_moved_away_by_someone_else_come_back_after_verification(emulator,
     emu = emulator()
     cid, (tid,) = node.add(n_threads=1)
     now = [0.0]
-    col = RdtCollector(emu.mountpoint, node.root, RdtCollectorConfig(), CgroupCollector(node.root), clock=lambda: now[0])
+    col = RdtCollector(emu.mountpoint, node.root, RdtCollectorConfig(), CgroupCollector(node.root),
+                       clock=lambda: now[0])
+    _OPEN.append(col)
     col.collect(0.0)
     group = emu.root.mon_groups[GROUP_PREFIX + cid]
     assert emu.owner(tid) is group
@@ -329,3 +390,92 @@ def test_tasks_moved_away_by_someone_else_come_back_after_verification(emulator,
     now[0] = 10.0 + 60.0
     col.collect(70.0)
     assert emu.owner(tid) is group
+
+
+def test_pod_annotation_keeps_a_mon_group_when_rmids_run_short(emulator, node):
+    from cri_resmgr.collectors.names import ContainerNames
+
+    emu = emulator(num_rmids=3)  # two MON groups for four containers
+    cids = [node.add()[0] for _ in range(4)]
+    key = "rdt-monitor.cri-resource-manager.intel.com"
+    # What the runtime's CRI answers for these containers (names.py keeps the annotations of this domain).
+    answers = {cids[3]: ContainerNames("ns", "db", "main", ((f"{key}/container.main", "true"),)),
+               cids[2]: ContainerNames("ns", "web", "main", ((f"{key}/pod", "false"),))}
+
+    class Runtime:
+        error = None
+
+        def names(self, ids=()):
+            return answers
+
+    col = RdtCollector(emu.mountpoint, node.root, RdtCollectorConfig(rotation_slice_seconds=1.0),
+                       CgroupCollector(node.root, names=Runtime()))
+    _OPEN.append(col)
+    for t in range(6):
+        s = col.collect(float(t))
+        assert _one(s, M.CONTAINER_RDT_MONITORED.name, container_id=cids[3], reason="priority") == 1.0
+        assert _one(s, M.CONTAINER_RDT_MONITORED.name, container_id=cids[2], reason="priority") is None
+        assert len(col.groups) == 2
+
+
+def test_rmids_in_limbo_answer_ebusy_without_lowering_the_budget(emulator, node):
+    emu = emulator(num_rmids=4)  # three MON groups for five containers: one rotates
+    emu.limbo_seconds = 1.5  # a rotated-out RMID is busy for a while (its cache lines are still tagged)
+    cids = [node.add()[0] for _ in range(5)]
+    now = [0.0]
+    col = RdtCollector(emu.mountpoint, node.root, RdtCollectorConfig(rotation_slice_seconds=2.0),
+                       CgroupCollector(node.root), clock=lambda: now[0])
+    _OPEN.append(col)
+    busy = 0
+    watched: set[str] = set()
+    for t in range(12):
+        now[0] = float(t)
+        s = col.collect(float(t))
+        busy += any("RMIDs busy in limbo" in r for _, r in col.unmonitored.values())
+        busy += bool(_series(s, M.CONTAINER_RDT_MONITORED.name, reason="rmid_limbo"))
+        assert col.capacity == 3 and _one(s, M.RDT_RMID_BUDGET.name) == 3.0  # EBUSY is not "out of RMIDs"
+        watched |= set(col.groups)
+        emu.advance(1.0)
+    assert busy > 0  # limbo was met, for real
+    assert watched == set(cids)  # and rotation still went round everyone
+    assert emu.used_rmids() <= 4
+
+
+def test_a_class_change_moves_the_mon_group_and_the_counter_goes_on(emulator, node):
+    """An RDT class (engineer C's controller, or another tool) moves the container's threads to the CTRL_MON
+    group ``gold``: the kernel takes them out of the MON group; the collector notices at verification, makes
+    the group again under ``gold`` and keeps counting from where it was."""
+    emu = emulator(domains=(0,))
+    (emu.mountpoint / "gold").mkdir()
+    cid, tids = node.add(n_threads=2)
+    for tid in tids:
+        emu.set_task(tid, mbm_total={0: 5e8 if tid == tids[0] else 0.0})
+    now = [0.0]
+    col = RdtCollector(emu.mountpoint, node.root, RdtCollectorConfig(), CgroupCollector(node.root),
+                       clock=lambda: now[0])
+    _OPEN.append(col)
+    seen = []
+
+    def step(t: float) -> None:
+        now[0] = t
+        s = col.collect(t)
+        seen.append(_one(s, M.CONTAINER_MEMORY_BANDWIDTH.name, container_id=cid, scope="total"))
+        emu.advance(1.0)
+
+    step(0.0)
+    step(1.0)
+    assert (emu.mountpoint / "mon_groups" / (GROUP_PREFIX + cid)).is_dir()
+    for tid in tids:
+        emu.move_task_to_ctrl(tid, "gold")
+    step(70.0)  # past TASKS_VERIFY_SECONDS: the writes back fail EINVAL, the group is marked
+    step(71.0)  # ... and made again under gold
+    step(72.0)
+    step(73.0)
+    assert (emu.mountpoint / "gold" / "mon_groups" / (GROUP_PREFIX + cid)).is_dir()
+    assert not (emu.mountpoint / "mon_groups" / (GROUP_PREFIX + cid)).exists()
+    assert emu.owner(tids[0]).name == GROUP_PREFIX + cid
+    assert all(b >= a for a, b in zip(seen, seen[1:], strict=False))  # never backwards
+    # Counted: 0-2 s in the first group, 71-73 s in the new one (70-71 s went to gold, no group of ours); one
+    # second of 73 unwatched, so the total is scaled by 73/72.
+    assert seen[-1] == pytest.approx(2e9 * 73 / 72, rel=0.01)
+    assert seen[-1] - seen[-2] == pytest.approx(5e8 * 73 / 72 + 1.5e9 * (73 / 72 - 72 / 71), rel=0.01)

@@ -42,7 +42,7 @@ def make_agent(tmp_path: Path, **rebalancer) -> Agent:
 
 def feed(agent: Agent, rounds: int = 4) -> None:
     """Advance every container's CPU usage by 0.9 s per collection and collect."""
-    for k in range(rounds):
+    for _ in range(rounds):
         for cid in IDS:
             f = agent.cg / f"kubepods/burstable/pod{UID}/{cid}/cpu.stat"
             text = f.read_text().splitlines()
@@ -74,6 +74,12 @@ def test_plan_history_and_run_with_token(agent):
     assert plan["containers"] == 4 and plan["moves"], plan
     assert all(o["result"] == "advised" for o in rec["outcomes"])
     assert any("AVX512" in m["reason"] for m in plan["moves"])
+    # each move explains itself: gain by term, and who hurt whom (the AVX512 container is the antagonist)
+    for m in plan["moves"]:
+        assert sum(m["gain_by_term"].values()) == pytest.approx(m["predicted_gain"], abs=1e-6)
+    seps = [s for m in plan["moves"] for s in m["separates"]]
+    avx = [s for s in seps if s["term"].startswith("avx512")]
+    assert avx and all(s["antagonist"] == IDS[0] and s["victim"] in IDS[1:] for s in avx)
     assert plan["cost_after"]["total"] < plan["cost_before"]["total"]
     st = c.get("/api/v1/rebalancer/plan").json()
     assert st["rounds"] == 1 and st["last"] == rec and st["moves_total"]["advised"] == len(rec["outcomes"])

@@ -87,7 +87,8 @@ def test_inputs_come_from_the_store_window_with_overrides_and_missing_signals(no
     assert any(m.startswith("memory_bandwidth") for m in inputs.missing)
     # once the AVX512 collector writes its series, the ratio is read and no longer missing
     for t in (node.t - 2, node.t - 1, node.t):
-        node.store.append("avx512", t, [Sample(AVX512_RATIO, {"container_id": "scalar-b", "container": "scalar-b"}, 0.6)])
+        labels = {"container_id": "scalar-b", "container": "scalar-b"}
+        node.store.append("avx512", t, [Sample(AVX512_RATIO, labels, 0.6)])
     inputs = read_inputs(node.store, RebalancerConfig(window_seconds=3), node.t)
     assert {c.name: c.avx512_ratio for c in inputs.containers}["scalar-b"] == pytest.approx(0.6)
     assert not any(m.startswith("avx512_ratio") for m in inputs.missing)
@@ -101,7 +102,8 @@ def test_advise_plans_without_touching_cgroups(node):
     assert all(node.cpus(n) == {0, 1} for n in NAMES)
     assert metric(node.store, M.REBALANCER_MOVES.name, result="advised") == len(rec.outcomes)
     assert metric(node.store, M.REBALANCER_COST.name, when="before") == pytest.approx(rec.plan.cost_before.total)
-    assert metric(node.store, M.REBALANCER_COST.name, when="after") < metric(node.store, M.REBALANCER_COST.name, when="before")
+    cost = M.REBALANCER_COST.name
+    assert metric(node.store, cost, when="after") < metric(node.store, cost, when="before")
     assert metric(node.store, M.REBALANCER_PLAN_DURATION.name) > 0
 
 

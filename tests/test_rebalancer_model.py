@@ -7,8 +7,15 @@ import numpy as np
 import pytest
 
 from cri_resmgr.config import RebalancerConfig
-from cri_resmgr.rebalancer.model import (ANNOTATION_AVX512, ANNOTATION_LATENCY_CRITICAL, ContainerInput, CostModel,
-                                         NodeModel, Problem, State)
+from cri_resmgr.rebalancer.model import CostModel
+from cri_resmgr.rebalancer.problem import (
+    ANNOTATION_AVX512,
+    ANNOTATION_LATENCY_CRITICAL,
+    ContainerInput,
+    NodeModel,
+    Problem,
+    State,
+)
 from cri_resmgr.rebalancer.scenario import ScenarioCpu, topology_from_cpus, topology_from_spec
 from cri_resmgr.topology import discover
 from cri_resmgr.topology.fixtures import MACHINES, build_sysfs
@@ -191,9 +198,9 @@ def test_vectorised_deltas_equal_reevaluation_after_each_move():
     rows = np.arange(prob.n)
     _, parts = cm.delta(st, rows)
     for k in rng.choice(prob.n, 12, replace=False):
-        for c in rng.choice(prob.cand.n, 12, replace=False):
+        for c in rng.choice(prob.cands.n, 12, replace=False):
             s2 = st.copy()
-            s2.set_row(k, prob.cand.row(c))
+            s2.set_row(k, prob.cands.row(c))
             after = cm.evaluate(s2)
             for name in base:
                 assert parts[name][k, c] == pytest.approx(after[name] - base[name], abs=1e-9), (name, k, c)
@@ -211,7 +218,7 @@ def test_incremental_fields_match_recomputation():
     prob, _, rng = random_problem(seed=5)
     st = State(prob)
     for _ in range(20):
-        st.set_row(int(rng.integers(prob.n)), prob.cand.row(int(rng.integers(prob.cand.n))))
+        st.set_row(int(rng.integers(prob.n)), prob.cands.row(int(rng.integers(prob.cands.n))))
     np.testing.assert_allclose(st.F, st.S.T @ prob.X, rtol=1e-9, atol=1e-6)
 
 
@@ -224,7 +231,8 @@ def test_topology_from_spec_equals_discovery_of_the_fixture_tree(tmp_path, machi
     assert built.cpus == found.cpus
     assert [(c.id, c.size_bytes, c.cpus) for c in built.caches_at(3)] == \
         [(c.id, c.size_bytes, c.cpus) for c in found.caches_at(3)]
-    assert {n: v.distances for n, v in built.numa_nodes.items()} == {n: v.distances for n, v in found.numa_nodes.items()}
+    distances = {n: v.distances for n, v in found.numa_nodes.items()}
+    assert {n: v.distances for n, v in built.numa_nodes.items()} == distances
 
 
 @pytest.mark.parametrize("machine", sorted(MACHINES))
@@ -242,9 +250,9 @@ def test_tree_order_makes_every_node_an_interval_and_candidates_laminar(machine)
         if idx >= 0:
             parent = node.tree[idx]
             assert [k.lo for k in kids][0] == parent.lo and kids[-1].hi == parent.hi
-            assert all(a.hi == b.lo for a, b in zip(kids, kids[1:]))  # children partition the parent
+            assert all(a.hi == b.lo for a, b in zip(kids, kids[1:], strict=False))  # children partition the parent
     prob = Problem.build(node, [ContainerInput(id="x", cpuset=frozenset(node.cpu_ids.tolist()))], RebalancerConfig())
-    cand = prob.cand
+    cand = prob.cands
     for i in range(cand.n):
         for j in range(cand.n):
             a, b = (cand.lo[i], cand.hi[i]), (cand.lo[j], cand.hi[j])
@@ -257,7 +265,7 @@ def test_tree_order_makes_every_node_an_interval_and_candidates_laminar(machine)
 
 def test_xeon_fixture_has_sst_bf_high_priority_cores_from_base_frequency():
     node = NodeModel.from_topology(topology_from_spec(MACHINES["xeon-2s-112c-snc2"]))
-    hp = {int(c) for c, h in zip(node.cpu_ids, node.high_priority) if h}
+    hp = {int(c) for c, h in zip(node.cpu_ids, node.high_priority, strict=True) if h}
     assert hp == set(MACHINES["xeon-2s-112c-snc2"].base_frequency_overrides_khz)
 
 

@@ -176,3 +176,73 @@ def test_cli_generate_and_schema_as_a_real_process(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "cri_resmgr.cli", "rebalance", "--generate", "nope"],
                          capture_output=True, text=True)
     assert bad.returncode == 2 and "unknown family" in bad.stderr
+
+
+# -- validation: every problem at once, physical quantities, per-id maps, JSON out ---------------------
+SPLIT_CORE = {
+    "topology": {"cpus": [{"id": 0, "core": 0, "numa_node": 0}, {"id": 1, "core": 0, "numa_node": 1},
+                          {"id": 2, "core": 2, "numa_node": 1}, {"id": 3, "core": 3, "numa_node": 0}],
+                 "numa_distances": {"0": {"5": 21}}},
+    "capacities": {"numa_bandwidth_bytes_per_second": {"0": 0}, "l3_bandwidth_bytes_per_second": -5},
+    "containers": [{"id": "a", "cpuset": "0-1", "cpu_usage": -1}, {"id": "b", "cpuset": "7"},
+                   {"id": "b", "cpuset": "0"}],
+}
+
+
+def test_every_problem_is_reported_at_once_with_its_field_path(tmp_path, capsys):
+    f = tmp_path / "bad.json"
+    f.write_text(json.dumps(SPLIT_CORE))
+    assert main(["rebalance", "--scenario", str(f)]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == f"invalid scenario ({f}):"
+    got = {line.strip().split(":")[0] for line in err[1:]}
+    assert got == {
+        "capacities.numa_bandwidth_bytes_per_second.0",  # zero capacity: not a physical quantity
+        "capacities.l3_bandwidth_bytes_per_second",  # negative
+        "containers.0.cpu_usage",
+        "containers.1.cpuset",  # CPU 7 is not in the topology
+        "containers.2.id",  # repeats containers.1.id
+        "topology.cpus.1.numa_node",  # core 0 split across NUMA nodes 0 and 1
+        "topology.numa_distances.0.5",  # no NUMA node 5
+    }, err
+    assert any("core 0 is split: numa_node 1 here, 0 on topology.cpus.0" in line for line in err)
+    assert not any("Traceback" in line or "constrained-float" in line for line in err)
+
+
+def test_capacity_maps_reject_unknown_ids_and_fill_missing_ones_with_the_configured_default():
+    base = {"topology": {"fixture": "xeon-2s-112c-snc2"}, "containers": [{"id": "a", "cpuset": "0-3"}],
+            "rebalancer": {"numa_bandwidth_bytes_per_second": 42e9}}
+    assert problems({**base, "capacities": {"numa_bandwidth_bytes_per_second": {"0": 1e9, "9": 1e9}}}) == [
+        "capacities.numa_bandwidth_bytes_per_second.9: no NUMA node 9 in the topology (it has 0-3)"]
+    sc = parse_scenario({**base, "capacities": {"numa_bandwidth_bytes_per_second": {"1": 10e9}}})
+    node = sc.node_model(sc.config())
+    assert list(node.numa_bandwidth) == [42e9, 10e9, 42e9, 42e9]
+    assert problems({**base, "capacities": {"numa_bandwidth_bytes_per_second": float("inf")}})
+    assert problems({**base, "capacities": {"l3_bandwidth_bytes_per_second": {"0": 0.0}}})
+
+
+def test_plan_output_is_strict_json(tmp_path, capsys):
+    from cri_resmgr.rebalancer.cli import dumps_finite
+
+    def strict(text: str):
+        return json.loads(text, parse_constant=lambda c: pytest.fail(f"non-JSON constant {c}"))
+
+    assert strict(dumps_finite({"a": float("inf"), "b": [float("nan"), 1.5]})) == {"a": None, "b": [None, 1.5]}
+    f = tmp_path / "s.json"
+    f.write_text(json.dumps({**AVX_PAIR, "capacities": {"numa_bandwidth_bytes_per_second": 1.0}}))
+    assert main(["rebalance", "--scenario", str(f)]) == 0
+    plan = strict(capsys.readouterr().out)
+    assert plan["cost_before"]["terms"]["memory_bandwidth"] is not None
+
+
+def test_missing_signals_name_the_collector_not_an_issue_number(tmp_path):
+    from cri_resmgr.config import RebalancerConfig
+    from cri_resmgr.rebalancer.signals import read_inputs
+    from cri_resmgr.store import Sample, Store
+
+    store = Store(600, 10_000)
+    store.append("cgroup", 100.0, [Sample("cri_resmgr_container_cpuset_cpus", {"container_id": "a", "cpus": "0-1"},
+                                          2.0)], 1.0)
+    inputs = read_inputs(store, RebalancerConfig(), 100.0)
+    assert len(inputs.missing) == 4
+    assert all("issue" not in m and "collectors." in m for m in inputs.missing), inputs.missing

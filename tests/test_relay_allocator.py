@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from cri_resmgr.relay.allocator import CpuAllocator, Hints, InsufficientCpus, Taken
+from cri_resmgr.placement.allocator import CpuAllocator, Hints, InsufficientCpus, Taken
 from cri_resmgr.sysfs import parse_cpulist
 from cri_resmgr.topology import discover
 from cri_resmgr.topology.fixtures import MACHINES, build_sysfs
@@ -153,7 +153,8 @@ def test_epyc_small_requests_stay_in_one_l3_and_pack_the_fullest(epyc):
     assert len({l3_of[c] for c in first.cpus}) == 1
     assert {l3_of[c] for c in second.cpus} == {l3_of[c] for c in first.cpus}  # tightest: same CCD
     third = a.allocate(10, Taken(other=first.cpus | second.cpus))
-    assert len({l3_of[c] for c in third.cpus}) == 1 and {l3_of[c] for c in third.cpus} != {l3_of[next(iter(first.cpus))]}
+    third_l3 = {l3_of[c] for c in third.cpus}
+    assert len(third_l3) == 1 and third_l3 != {l3_of[next(iter(first.cpus))]}
 
 
 def test_resize_keeps_the_cpus_it_had_when_they_still_fit(xeon):

@@ -17,9 +17,10 @@ from cri_api.v1 import api_pb2 as pb
 from cri_api.v1 import api_pb2_grpc as pbg
 
 from cri_resmgr.config import RelayConfig
-from cri_resmgr.relay import cache as C
-from cri_resmgr.relay.core import Relay
-from cri_resmgr.relay.runtime import RuntimeClient
+from cri_resmgr.placement import model as C
+from cri_resmgr.placement.engine import Engine, EngineSettings
+from cri_resmgr.relay.core import CriFrontEnd
+from cri_resmgr.relay.runtime import CriRuntime, RuntimeClient
 from cri_resmgr.topology import discover
 from cri_resmgr.topology.fixtures import MACHINES, build_sysfs
 
@@ -57,19 +58,23 @@ def test_stopped_event_releases_exclusive_cpus_and_the_pool_grows_back(runtime, 
     sock, impl = runtime
     topo = discover(build_sysfs(MACHINES["this-vm"], tmp_path / "sys"))
     (tmp_path / "state").mkdir()
-    relay = Relay(RelayConfig(runtime_socket=sock), topo, tmp_path / "state", RuntimeClient(sock, 5),
-                  ThreadPoolExecutor(2))
+    cfg = RelayConfig(runtime_socket=sock)
+    client = RuntimeClient(sock, 5)
+    engine = Engine(EngineSettings.from_relay_config(cfg), topo, tmp_path / "state", CriRuntime(client),
+                    cgroup_root=tmp_path / "no-cgroups")
+    relay = CriFrontEnd(cfg, engine, client, ThreadPoolExecutor(2).submit)
     common = dict(pod_id="p", namespace="ns", pod_name="pod", pod_uid="u", cgroup_parent="/kubepods/podu",
-                  state=C.RUNNING, mems="0")
-    relay.cache.containers["exclusive1"] = C.Container("exclusive1", name="a", qos_class="Guaranteed",
-                                                       placement=C.EXCLUSIVE, cpus="1", **common)
-    relay.cache.containers["shared1"] = C.Container("shared1", name="b", qos_class="Burstable",
-                                                    placement=C.SHARED, cpus="0", **common)
-    t = threading.Thread(target=relay._events_loop, daemon=True)
+                  state=C.State.RUNNING, mems="0")
+    engine.cache.containers["exclusive1"] = C.Container("exclusive1", name="a", qos_class="Guaranteed",
+                                                        placement=C.Kind.EXCLUSIVE, cpus="1", **common)
+    engine.cache.containers["shared1"] = C.Container("shared1", name="b", qos_class="Burstable",
+                                                     placement=C.Kind.SHARED, cpus="0", **common)
+    engine.start()  # the pool worker applies the pool grown back
+    t = threading.Thread(target=relay.events_loop, daemon=True)
     t.start()
     assert impl.updated.wait(10), "no pool update after the stop event"
     deadline = time.time() + 10
-    while relay.state().shared_pool != "0-1" or relay.cache.containers["shared1"].cpus != "0-1":
+    while relay.state().shared_pool != "0-1" or engine.container("shared1").cpus != "0-1":
         assert time.time() < deadline, relay.state()
         time.sleep(0.01)
     assert impl.updates == [("shared1", "0-1")]
@@ -77,4 +82,4 @@ def test_stopped_event_releases_exclusive_cpus_and_the_pool_grows_back(runtime, 
     assert st.exclusive == {} and st.shared_pool == "0-1"
     assert {c.id: (c.state, c.cpus) for c in st.containers} == {"exclusive1": ("exited", "1"),
                                                                  "shared1": ("running", "0-1")}
-    relay._stop.set()
+    engine.stop()

@@ -7,11 +7,27 @@ import json
 import hpack
 import pytest
 
-from cri_resmgr.relay import cache as C
-from cri_resmgr.relay.core import effective_annotations
-from cri_resmgr.relay.estimate import BEST_EFFORT, BURSTABLE, GUARANTEED, estimate, milli_from_shares, qos_from_cgroup_parent
-from cri_resmgr.relay.h2proxy import (DATA, F_END_STREAM, HEADERS, MAX_FRAME_PAYLOAD, data_frames, encode_never_indexed,
-                                      grpc_message, trailers_only)
+from cri_resmgr.placement import model as C
+from cri_resmgr.placement.annotations import effective_annotations
+from cri_resmgr.placement.estimate import (
+    BEST_EFFORT,
+    BURSTABLE,
+    GUARANTEED,
+    estimate,
+    milli_from_shares,
+    qos_from_cgroup_parent,
+)
+from cri_resmgr.placement.persist import load_cache, write_whole
+from cri_resmgr.relay.h2proxy import (
+    DATA,
+    F_END_STREAM,
+    HEADERS,
+    MAX_FRAME_PAYLOAD,
+    data_frames,
+    encode_never_indexed,
+    grpc_message,
+    trailers_only,
+)
 from cri_resmgr.relay.stats import BUCKETS, RelayStats
 
 
@@ -71,23 +87,26 @@ def test_effective_annotations_pod_then_container_then_per_container_keys():
                                                     "cri-resmgr.io/latency-critical": "false"}
 
 
-def test_cache_round_trips_and_a_broken_file_is_reported(tmp_path):
+def test_cache_round_trips_and_a_broken_file_is_moved_aside(tmp_path):
     c = C.Cache()
     c.pods["p"] = C.Pod("p", "pod", "ns", "uid", "Guaranteed", "/kubepods/poduid", {"a": "b"})
     c.containers["c"] = C.Container("c", "p", "app", "ns", "pod", "uid", "Guaranteed", "/kubepods/poduid",
-                                    placement=C.EXCLUSIVE, cpus="2-3", mems="0", state=C.RUNNING)
-    path = C.save(c.to_json(), tmp_path)
+                                    placement=C.Kind.EXCLUSIVE, cpus="2-3", mems="0", state=C.State.RUNNING)
+    path = tmp_path / "relay-cache.json"
+    write_whole(path, c.to_json())
     assert path.stat().st_mode & 0o777 == 0o600
-    back, note = C.load(tmp_path)
-    assert note is None and back == c
-    assert back.exclusive_taken() == {"c": frozenset({2, 3})}
-    assert back.containers["c"].cgroup_path == "/kubepods/poduid/c"
-    assert [p.name for p in tmp_path.iterdir()] == [C.FILENAME]  # no temporary file left
+    loaded = load_cache(path)
+    assert loaded.note is None and loaded.cache == c
+    assert loaded.cache.exclusive_taken() == {"c": frozenset({2, 3})}
+    assert loaded.cache.containers["c"].cgroup_path == "/kubepods/poduid/c"
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temporary file left
     path.write_text("{not json")
-    empty, note = C.load(tmp_path)
-    assert empty == C.Cache() and "unreadable cache" in note
+    broken = load_cache(path, clock_s=1000)
+    assert broken.cache == C.Cache() and "unusable cache" in broken.note
+    assert broken.moved_to == tmp_path / "relay-cache.json.corrupt-1000"
+    assert broken.moved_to.read_text() == "{not json" and not path.exists()
     path.write_text(json.dumps({"version": 99}))
-    assert "unsupported cache version 99" in C.load(tmp_path)[1]
+    assert "unsupported cache version 99" in load_cache(path, clock_s=1001).note
 
 
 def test_own_header_blocks_decode_anywhere_and_leave_the_dynamic_table_alone():

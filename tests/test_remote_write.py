@@ -4,6 +4,7 @@ tests/integration/test_remote_write_prometheus.py."""
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -13,7 +14,7 @@ import pytest
 
 from cri_resmgr import metrics as M
 from cri_resmgr.config import RemoteWriteConfig
-from cri_resmgr.export.prometheus import DirectSample
+from cri_resmgr.export.exposition import DirectSample
 from cri_resmgr.export.remote_write import RemoteWriter, StoreCursor, _varint, encode_labels, encode_write_request
 from cri_resmgr.store import Sample, Store
 
@@ -164,9 +165,9 @@ def test_retries_back_off_and_deliver_the_batch_once():
         drain(w, c)
     assert len(rx.requests) == 5 and w.retries_total == 4 and w.sent_total == 1
     assert all(r["body"] == rx.requests[0]["body"] for r in rx.requests)  # the same batch each time
-    gaps = [b["time"] - a["time"] for a, b in zip(rx.requests, rx.requests[1:])]
+    gaps = [b["time"] - a["time"] for a, b in itertools.pairwise(rx.requests)]
     # back-off 0.05, 0.1, 0.2 (±20% jitter), then the receiver's Retry-After of 0.3 s
-    for gap, want in zip(gaps, [0.05, 0.1, 0.2, 0.3]):
+    for gap, want in zip(gaps, [0.05, 0.1, 0.2, 0.3], strict=True):
         assert want * 0.8 <= gap <= want * 1.2 + 0.15, gaps
     assert w.pending == 0 and w.last_error is None
 

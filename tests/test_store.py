@@ -1,8 +1,7 @@
 import numpy as np
 import pytest
 
-from cri_resmgr.store import QueryError, Sample, Store, heatmap, parse_matchers, query_range
-from cri_resmgr.store import checkpoint
+from cri_resmgr.store import QueryError, Sample, Store, checkpoint, heatmap, parse_matchers, query_range
 from cri_resmgr.store.query import aggregate, rate
 
 

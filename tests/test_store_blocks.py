@@ -10,7 +10,7 @@ import pytest
 
 from cri_resmgr.export.remote_write import StoreCursor
 from cri_resmgr.store import Sample, Store, checkpoint
-from cri_resmgr.store.tsdb import Block, Table
+from cri_resmgr.store.tsdb import Block
 
 
 def bits(a):
@@ -287,7 +287,7 @@ def test_select_from_the_inverted_index_equals_matching_every_series():
     queries = ['c="1"', 'c="1",p="a"', 'p="b",c!="2"', 'c=~"1|3",p="a"', 'p=""', 'q="x"', 'c="9"', "", 'p!="a"']
 
     def brute(matchers):
-        return [r for r in s.index.get("m", {}).values() if all(m.matches(r.label_dict) for m in matchers)]
+        return [r for r in s.series_by_metric().get("m", []) if all(m.matches(r.label_dict) for m in matchers)]
 
     for i in range(120):
         live = [c for c in range(8) if rng.random() < (0.9 if i < 60 else 0.3)]  # series stop, are reclaimed

@@ -185,7 +185,7 @@ def test_time_heatmap_top_n_and_csv(client, xeon):
     full = client.get("/api/v1/heatmap", params=params).json()
     assert len(full["rows"]) == 3
     top2 = client.get("/api/v1/heatmap", params={**params, "top": 2}).json()
-    totals = {r: np.nansum(np.array(v, dtype=float)) for r, v in zip(full["rows"], full["values"])}
+    totals = {r: np.nansum(np.array(v, dtype=float)) for r, v in zip(full["rows"], full["values"], strict=True)}
     assert top2["rows"] == sorted(totals, key=totals.get, reverse=True)[:2]
     assert top2["rows"][0] == "a" * 12  # the container that used the most CPU
     r = client.get("/api/v1/heatmap", params={**params, "top": 2, "format": "csv"})
@@ -193,7 +193,7 @@ def test_time_heatmap_top_n_and_csv(client, xeon):
     table = list(csv.reader(io.StringIO(r.text)))
     assert table[0][0] == "row" and [float(x) for x in table[0][1:]] == pytest.approx(top2["times"])
     assert [row[0] for row in table[1:]] == top2["rows"]
-    for row, vals in zip(table[1:], top2["values"]):
+    for row, vals in zip(table[1:], top2["values"], strict=True):
         assert [None if x == "" else float(x) for x in row[1:]] == vals
     assert client.get("/api/v1/heatmap", params={**params, "format": "xml"}).status_code == 422
     assert client.get("/api/v1/heatmap", params={**params, "top": 0}).status_code == 422

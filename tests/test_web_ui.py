@@ -195,3 +195,97 @@ def test_ui_files_are_served_and_root_redirects(node):
         assert r.status_code == 200 and ctype in r.headers["content-type"], f
     html = c.get("/ui/").text
     assert "http://" not in html and "https://" not in html  # nothing from a CDN
+
+
+PLAN_CONTAINERS = [
+    kubepods("1", "a", "0-3,112-115", qos="guaranteed"),
+    kubepods("2", "b", "8-111,120-223"),
+    FixtureContainer("demo/avx512", "4-7,116-119", name="avx512-loop", namespace="demo", pod="avx512"),
+    FixtureContainer("demo/scalar", "4-7,116-119", name="scalar-loop", namespace="demo", pod="scalar"),
+]
+
+
+def test_plan_view_outlines_the_moves_and_the_table_shows_hardware_columns(tmp_path, browser):
+    """An AVX-512 loop and a latency-critical loop share cores 4-7: the agent's own rebalancer round (advise)
+    plans a move; the page lists it with its explanation and outlines where it starts and where it goes."""
+    from cri_resmgr.config import RebalancerOverride
+    from cri_resmgr.store import Sample
+
+    node = FixtureNode(tmp_path, "xeon-2s-112c-snc2", PLAN_CONTAINERS).start()
+    try:
+        engine = node.agent.rebalancer.engine
+        rcfg = node.agent.cfg.rebalancer.model_copy(update={"overrides": [
+            RebalancerOverride(match={"container": "avx512-loop"}, avx512_ratio=1.0),
+            RebalancerOverride(match={"container": "scalar-loop"}, latency_critical=True)]})
+        engine.config = lambda: rcfg  # the round's configuration, as a reload would give it
+        node.feed({})
+        for _ in range(3):
+            time.sleep(0.3)
+            node.feed({c: 0.5 for c in node.cpus}, usage_step_ns={PLAN_CONTAINERS[2].rel: 1_000_000_000,
+                                                                  PLAN_CONTAINERS[3].rel: 1_000_000_000})
+        # Hardware series as the avx512/perf/rdt collectors write them, every 5 s.
+        now = node.agent.now()
+        for k, t in enumerate((now - 10, now - 5, now)):
+            node.agent.store.append("hw", t, [
+                Sample("cri_resmgr_container_avx512_ratio", {"container_id": "avx512-loop"}, 0.93),
+                Sample("cri_resmgr_container_llc_misses_total", {"container_id": "avx512-loop"}, 2e6 * 5 * k),
+                Sample("cri_resmgr_container_memory_bandwidth_bytes_total",
+                       {"container_id": "avx512-loop", "scope": "total", "cache_id": "0"}, 3e9 * 5 * k),
+            ], 5.0)
+        rec = node.agent.rebalancer.run_now("advise")
+        assert rec.plan is not None and rec.plan.moves, rec
+        with Served(create_app(node.agent)) as srv:
+            page = browser.new_page(viewport={"width": 1400, "height": 2000})
+            errors: list[str] = []
+            page.on("console", lambda m: errors.append(f"console.{m.type}: {m.text}") if m.type == "error" else None)
+            page.on("pageerror", lambda e: errors.append(f"page error: {e}"))
+            page.on("response", lambda r: errors.append(f"HTTP {r.status} {r.url}") if r.status >= 400 else None)
+            page.goto(srv.url + "/ui/")
+            try:
+                page.wait_for_selector("body[data-refreshes]", timeout=20_000)
+            finally:
+                assert not errors, (errors, page.locator("#status").inner_text())
+            api = httpx.get(srv.url + "/api/v1/rebalancer/plan").json()["last"]["plan"]
+            rows = page.eval_on_selector_all(
+                "#moves tbody tr", "rs => rs.map(r => [r.dataset.id, r.querySelector('.fromto').textContent,"
+                " r.querySelector('.separates').textContent, r.querySelector('.terms').textContent])")
+            assert [r[0] for r in rows] == [m["container_id"] for m in api["moves"]]
+            for (_cid, fromto, seps, terms), m in zip(rows, api["moves"], strict=True):
+                assert fromto == f"{m['from_cpus']} → {m['to_cpus']}"
+                for s in m["separates"]:  # who hurts whom, as the plan says
+                    assert f"{s['victim']} ← {s['antagonist']} ({s['term']}" in seps
+                assert all(term in terms for term, v in m["gain_by_term"].items() if abs(v) > 1e-9)
+            assert any("scalar-loop ← avx512-loop" in r[2] for r in rows)
+            # The selected move outlined on the topology: dashed where it starts, solid where it goes.
+            for move in api["moves"]:
+                page.locator(f'#moves tbody tr[data-id="{move["container_id"]}"]').click()
+                cpus_of = "gs => gs.map(g => Number(g.dataset.cpu))"
+                starts = page.eval_on_selector_all("svg#topology g.cell.plan-from", cpus_of)
+                goes = page.eval_on_selector_all("svg#topology g.cell.plan-to", cpus_of)
+                assert set(starts) == parse_list(move["from_cpus"]) and set(goes) == parse_list(move["to_cpus"])
+                page.select_option("#plan-view", "after")
+                assert not page.eval_on_selector_all("svg#topology g.cell.plan-from", "gs => gs.length")
+                page.select_option("#plan-view", "both")
+            page.screenshot(path=str(ARTIFACTS / "web-ui-plan.png"), full_page=True)
+            # Hardware columns: the newest AVX-512 ratio, LLC miss rate and bandwidth of each container.
+            avx = page.locator('#containers tr[data-id="avx512-loop"] td.avx')
+            assert avx.inner_text() == "93.0%"
+            assert float(page.locator('#containers tr[data-id="avx512-loop"] td.llc').get_attribute("data-value")) \
+                == pytest.approx(2e6)
+            assert float(page.locator('#containers tr[data-id="avx512-loop"] td.bw').get_attribute("data-value")) \
+                == pytest.approx(3e9)
+            assert page.locator('#containers tr[data-id="scalar-loop"] td.avx').inner_text() == "–"
+            # A 5 s metric is never shown at steps shorter than 5 s (no empty columns in between).
+            page.select_option("#hm-metric", "cri_resmgr_container_avx512_ratio")
+            page.wait_for_function("document.querySelector('canvas#heatmap').dataset.metric"
+                                   " === 'cri_resmgr_container_avx512_ratio'", timeout=10_000)
+            assert float(page.locator("canvas#heatmap").get_attribute("data-step")) >= 5.0
+            assert not errors, errors
+    finally:
+        node.stop()
+
+
+def parse_list(text: str) -> set[int]:
+    from cri_resmgr.sysfs import parse_cpulist
+
+    return set(parse_cpulist(text))

@@ -26,6 +26,7 @@ from ..topology import Topology
 from .base import Collector, CollectorUnavailable, Probe
 from .cgroup import CgroupLayout, containers_in, detect_layout, find_containers
 from .cgroup_ids import CgroupIdResolver, PidResolver
+from .discovery import ContainerDiscovery
 from .identity import ContainerIdentity
 
 log = logging.getLogger(__name__)
@@ -33,6 +34,8 @@ log = logging.getLogger(__name__)
 Mode = Literal["cgroup_id", "pid"]
 RETRY_SECONDS = 60.0  # a failed probe or load is retried this often, not on every run
 WARN_EVERY_SECONDS = 300.0
+# Ids of cgroups other than containers that went away are noticed by a walk this often.
+RESCAN_SECONDS = 60.0
 
 
 @dataclass
@@ -104,6 +107,10 @@ class Avx512Collector(Collector):
         self._retry_at = 0.0
         self._attach_t = 0.0
         self._cg: CgroupIdResolver | None = None
+        self._v2_discovery: ContainerDiscovery | None = None
+        self._found: list[ContainerIdentity] | None = None  # containers of the last walk of the v2 tree
+        self._scanned_at = 0.0
+        self._assigned = False
         self._pid: PidResolver | None = None
         self._owner: dict[CounterKey, str | None] = {}  # key -> container_id (None: not a container)
         self._seen: dict[CounterKey, Counts] = {}
@@ -153,6 +160,7 @@ class Avx512Collector(Collector):
             return Probe(False, self.reason)
         self.attribution = attribution
         if attribution.mode == "cgroup_id":
+            assert attribution.v2_root is not None  # set in cgroup_id mode
             self._cg = CgroupIdResolver(attribution.v2_root)
         else:
             self._pid = PidResolver(self.paths.proc, attribution.controller)
@@ -198,10 +206,22 @@ class Avx512Collector(Collector):
         # Discover after reading the map: a key read above whose cgroup is absent now has really gone.
         layout = self.attribution.ident_layout
         if self._cg is not None:
-            # One walk of the v2 tree serves both the id -> path map and container discovery.
-            found = containers_in(self._cg.scan().values())
-            containers = {c.container_id: c for c in self.identities(layout, found)}
-            self._cg.assign(list(containers.values()))
+            # One walk of the v2 tree serves both the id -> path map and container discovery; it is redone
+            # only when something changed: inotify saw a container come or go, the map holds a cgroup id the
+            # last walk did not see, or RESCAN_SECONDS passed (ids of other cgroups that went away).
+            if self._v2_discovery is None:
+                self._v2_discovery = ContainerDiscovery(self._cg.v2_root)
+            changed = self._v2_discovery.poll()
+            paths = self._cg.paths
+            if (changed or self._found is None or t - self._scanned_at >= RESCAN_SECONDS
+                    or any(k.cgroup_id not in paths for k in snap.counts)):
+                self._found = containers_in(self._cg.scan().values())
+                self._scanned_at = t
+                self._assigned = False
+            containers = {c.container_id: c for c in self.identities(layout, self._found)}
+            if not self._assigned:
+                self._cg.assign(list(containers.values()))
+                self._assigned = True
         else:
             assert self._pid is not None
             containers = {c.container_id: c for c in self.identities(layout)}
@@ -278,6 +298,9 @@ class Avx512Collector(Collector):
         return samples
 
     def close(self) -> None:
+        if self._v2_discovery is not None:
+            self._v2_discovery.close()
+            self._v2_discovery = None
         if self.source is not None:
             self.source.close()
             self.source = None

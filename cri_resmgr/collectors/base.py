@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from ..store import Sample
 
@@ -25,6 +26,13 @@ class Collector:
     """
 
     name: str = "base"
+    cfg: Any = None  # the collector's section of Config.collectors (a Pydantic model), where it has one
+
+    def reconfigure(self, cfg: Any) -> None:
+        """Apply a reloaded configuration section (``Config.collectors.<name>``), from the reload thread. The
+        default takes it as it is, read on the next run; a collector with state bound to its settings (open
+        descriptors, a loaded program, a runtime connection) overrides this and rebuilds or defers what changed."""
+        self.cfg = cfg
 
     def probe(self) -> Probe:
         return Probe(True)

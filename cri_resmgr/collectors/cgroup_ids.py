@@ -139,7 +139,7 @@ class CgroupIdResolver:
 class PidResolver:
     """tgid -> container through ``<proc>/<tgid>/cgroup`` and the v1 hierarchy holding ``controller``."""
 
-    def __init__(self, proc_root: Path, controller: str = "cpuacct"):
+    def __init__(self, proc_root: Path, controller: str | None = "cpuacct"):
         self.proc_root = Path(proc_root)
         self.controller = controller
         self.by_path: dict[str, ContainerIdentity] = {}

@@ -35,6 +35,14 @@ class ContainerIdentity:
     name: str = ""  # container name, when known (extra cgroups, CRI metadata)
     pod: str = ""
     namespace: str = ""
+    annotations: tuple[tuple[str, str], ...] = ()  # cri-resource-manager ones of the pod and container (CRI)
+
+    def annotated(self, domain: str) -> str | None:
+        """The value of ``<domain>/container.<name>``, else ``<domain>/pod`` (cri-resource-manager's
+        convention: a pod annotation, per container or for the whole pod); None when neither is set."""
+        ann = dict(self.annotations)
+        v = ann.get(f"{domain}/container.{self.name}") if self.name else None
+        return v if v is not None else ann.get(f"{domain}/pod")
 
     def labels(self) -> dict[str, str]:
         return {
@@ -74,6 +82,13 @@ def parse_container_path(path: str) -> ContainerIdentity | None:
         runtime=_RUNTIMES[m.group(1)],
         cgroup_path="/" + "/".join(parts),
     )
+
+
+def short_name(ident: ContainerIdentity) -> str:
+    """``namespace/pod/container`` when names are known, else the id's first 12 characters (for reasons)."""
+    if ident.namespace or ident.pod or ident.name:
+        return f"{ident.namespace}/{ident.pod}/{ident.name or ident.container_id[:12]}"
+    return ident.container_id[:12]
 
 
 def is_container_dir(name: str) -> bool:

@@ -108,8 +108,9 @@ def read_sst_pp(device: Path, first_cpu_of_package: dict[int, int]) -> SstPp:
             fcntl.ioctl(fd, ISST_IF_GET_PLATFORM_INFO, info, True)
         except OSError as e:
             return SstPp("unknown", f"ISST_IF_GET_PLATFORM_INFO on {device} failed: "
-                                    f"{errno.errorcode.get(e.errno, e.errno)} ({e.strerror})")
+                                    f"{errno.errorcode.get(e.errno or 0, e.errno)} ({e.strerror})")
         levels = []
+        req: ctypes.Structure
         for pkg, cpu in sorted(first_cpu_of_package.items()):
             if info.api_version >= 2:
                 q = IsstPerfLevelInfo(socket_id=pkg, power_domain_id=0)
@@ -118,16 +119,16 @@ def read_sst_pp(device: Path, first_cpu_of_package: dict[int, int]) -> SstPp:
             else:
                 if not info.mbox_supported:
                     return SstPp("unknown", f"isst API v{info.api_version} without mailbox support")
-                q = IsstMboxCmds(cmd_count=1)
-                q.mbox_cmd[0] = IsstMboxCmd(logical_cpu=cpu, command=CONFIG_TDP,
-                                            sub_command=CONFIG_TDP_GET_LEVELS_INFO)
-                req, decode = q, lambda q=q, pkg=pkg: decode_levels_info(q.mbox_cmd[0].resp_data, pkg)
+                mbox = IsstMboxCmds(cmd_count=1)
+                mbox.mbox_cmd[0] = IsstMboxCmd(logical_cpu=cpu, command=CONFIG_TDP,
+                                               sub_command=CONFIG_TDP_GET_LEVELS_INFO)
+                req, decode = mbox, lambda m=mbox, pkg=pkg: decode_levels_info(m.mbox_cmd[0].resp_data, pkg)
                 cmd = ISST_IF_MBOX_COMMAND
             try:
                 fcntl.ioctl(fd, cmd, req, True)
             except OSError as e:
                 return SstPp("unknown", f"SST-PP query for package {pkg} failed: "
-                                        f"{errno.errorcode.get(e.errno, e.errno)} ({e.strerror})")
+                                        f"{errno.errorcode.get(e.errno or 0, e.errno)} ({e.strerror})")
             levels.append(decode())
         return SstPp("ok", f"isst API v{info.api_version}", tuple(levels))
     finally:

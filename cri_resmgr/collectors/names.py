@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -24,11 +25,26 @@ POD_NAMESPACE = "io.kubernetes.pod.namespace"
 CONTAINER_NAME = "io.kubernetes.container.name"
 
 
+# Annotations of this domain (pod or container) travel with the names, e.g. what the RDT collector ranks by;
+# the others are not kept (a node's annotations can be large).
+ANNOTATION_DOMAIN = "cri-resource-manager.intel.com"
+
+
 @dataclass(frozen=True)
 class ContainerNames:
     namespace: str
     pod: str
     container: str
+    annotations: tuple[tuple[str, str], ...] = ()  # the pod's and the container's, of ANNOTATION_DOMAIN
+
+
+def _ours(*maps) -> tuple[tuple[str, str], ...]:
+    out: dict[str, str] = {}
+    for m in maps:
+        for k, v in (m or {}).items():
+            if ANNOTATION_DOMAIN in k:
+                out[k] = v
+    return tuple(sorted(out.items()))
 
 
 def names_from(containers: Iterable, sandboxes: Iterable) -> dict[str, ContainerNames]:
@@ -42,7 +58,7 @@ def names_from(containers: Iterable, sandboxes: Iterable) -> dict[str, Container
         ns = labels.get(POD_NAMESPACE) or (sb.metadata.namespace if sb is not None else "")
         pod = labels.get(POD_NAME) or (sb.metadata.name if sb is not None else "")
         name = labels.get(CONTAINER_NAME) or c.metadata.name
-        out[c.id] = ContainerNames(ns, pod, name)
+        out[c.id] = ContainerNames(ns, pod, name, _ours(sb.annotations if sb is not None else {}, c.annotations))
     return out
 
 
@@ -53,7 +69,8 @@ def sandbox_names(sandboxes: Iterable) -> dict[str, ContainerNames]:
 
 
 class RuntimeNames:
-    def __init__(self, socket_path: Path, refresh_seconds: float = 10.0, timeout_seconds: float = 2.0, clock=time.monotonic):
+    def __init__(self, socket_path: Path, refresh_seconds: float = 10.0, timeout_seconds: float = 2.0,
+                 clock=time.monotonic):
         self.socket_path = Path(socket_path)
         self.refresh_seconds = refresh_seconds
         self.timeout_seconds = timeout_seconds
@@ -62,7 +79,7 @@ class RuntimeNames:
         self._names: dict[str, ContainerNames] = {}
         self._at: float | None = None
         self._asked: set[str] = set()
-        self._client = None
+        self._client: Any = None  # RuntimeServiceStub, made on first use
 
     def _stub(self):
         if self._client is None:
@@ -90,7 +107,8 @@ class RuntimeNames:
         try:
             present = self.socket_path.exists()
         except OSError as e:  # e.g. EACCES: /run/containerd is 0700 and the agent is not root
-            self.error = f"cannot reach runtime socket {self.socket_path}: {e.strerror}; container and pod names unknown"
+            self.error = (f"cannot reach runtime socket {self.socket_path}: {e.strerror}; "
+                          "container and pod names unknown")
             self._at = now
             return self._names
         if present:
@@ -101,8 +119,8 @@ class RuntimeNames:
         return self._names
 
     def _refresh(self, now: float) -> None:
-        from cri_api.v1 import api_pb2 as pb
         import grpc
+        from cri_api.v1 import api_pb2 as pb
 
         try:
             stub = self._stub()

@@ -20,6 +20,7 @@ Unsupported events (ENOENT/EOPNOTSUPP/EINVAL from the kernel) are reported by na
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fnmatch
 import logging
@@ -38,7 +39,7 @@ from ..topology import Topology
 from . import perf_event as pe
 from .base import Collector, CollectorUnavailable, Probe
 from .cgroup import CgroupCollector, CgroupLayout, detect_layout
-from .identity import ContainerIdentity
+from .identity import ContainerIdentity, short_name
 from .perfmon import EventResolveError, EventSpec, load_perfmon, resolve
 
 log = logging.getLogger(__name__)
@@ -108,6 +109,7 @@ class CpuGroup:
     fds: list[int]  # leader first
     index_of_id: dict[int, int]  # kernel event id -> index into PerfCollector.events
     last: dict[int, float] = field(default_factory=dict)  # index -> last scaled count (kept monotonic)
+    times_ns: tuple[int, int] = (0, 0)  # the leader's last (time_enabled, time_running)
 
 
 @dataclass
@@ -116,6 +118,17 @@ class Watched:
     groups: dict[int, CpuGroup] = field(default_factory=dict)
     retired: dict[int, float] = field(default_factory=dict)  # counts of CPU groups closed on a cpuset change
     prev_totals: dict[int, float] | None = None
+    retired_times_ns: tuple[int, int] = (0, 0)  # enabled/running of CPU groups closed on a cpuset change
+    series: dict[int, tuple[str, dict[str, str], float]] = field(default_factory=dict)  # event -> its series
+    _labels: dict[str, dict[str, str]] = field(default_factory=dict)
+
+    def labels(self, reason: str | None = None) -> dict[str, str]:
+        """The container's labels (with an empty ``reason`` for perf_monitored), built once."""
+        key = "" if reason is None else reason
+        lab = self._labels.get(key)
+        if lab is None:
+            lab = self._labels[key] = self.ident.labels() if reason is None else {**self.ident.labels(), reason: ""}
+        return lab
 
     @property
     def fds(self) -> int:
@@ -279,7 +292,7 @@ class PerfCollector(Collector):
         fds = sum(w.fds for w in self.watched.values())
         parts.append(f"watching {len(self.watched)} containers with {fds} descriptors (budget {self.budget()})")
         if self.skipped:
-            names = [_short(s.ident) + f" ({s.reason})" for s in list(self.skipped.values())[:5]]
+            names = [short_name(s.ident) + f" ({s.reason})" for s in list(self.skipped.values())[:5]]
             more = f" and {len(self.skipped) - 5} more" if len(self.skipped) > 5 else ""
             parts.append(f"skipped {len(self.skipped)}: {', '.join(names)}{more}")
         if self.unsupported:
@@ -295,7 +308,7 @@ class PerfCollector(Collector):
             raise CollectorUnavailable(f"cannot open {root.path}: {e.strerror}") from None
         try:
             cpu = (self.cpus() or [0])[0]
-            for i, ev in enumerate(self.events):
+            for ev in self.events:
                 if ev.name in self.unsupported:
                     continue
                 attr = pe.make_attr(ev.type, ev.config, ev.config1, ev.config2, group_read=False)
@@ -362,6 +375,7 @@ class PerfCollector(Collector):
             g = w.groups.pop(cpu)
             for i, v in g.last.items():
                 w.retired[i] = w.retired.get(i, 0.0) + v
+            w.retired_times_ns = (w.retired_times_ns[0] + g.times_ns[0], w.retired_times_ns[1] + g.times_ns[1])
             _close_group(g)
         missing = [c for c in cpus if c not in w.groups]
         if not missing:
@@ -372,25 +386,35 @@ class PerfCollector(Collector):
             raise _NoPerfCgroup() from None
         try:
             for cpu in missing:
-                g = self._open_group(cgfd, cpu)
-                if g is not None:
-                    w.groups[cpu] = g
+                opened = self._open_group(cgfd, cpu)
+                if opened is not None:
+                    w.groups[cpu] = opened
         finally:
             os.close(cgfd)
 
     # -- collection --------------------------------------------------------------------------------
-    def _rank(self, layout: CgroupLayout, idents: list[ContainerIdentity], now: float):
+    def _rank(self, layout: CgroupLayout, idents: list[ContainerIdentity], now: float, refresh: bool = True):
         per_event = len(self.supported_events)
         ranked = []
         rates: dict[str, float] = {}
+        # CPU usage as the cgroup collector read it last (with its time), so the same file is not read twice;
+        # only when the ranking is redone (``refresh``) and that reading is not newer than ours is it read here.
+        infos = getattr(self.discovery, "containers", {})
         for ident in idents:
-            u = read_cpu_usage_seconds(layout, ident.cgroup_path)
             cid = ident.container_id
+            inf = infos.get(cid)
             prev = self._usage.get(cid)
+            if inf is not None and inf.stats.cpu_usage_seconds is not None and (not prev or inf.last_seen > prev[0]):
+                at, u = inf.last_seen, inf.stats.cpu_usage_seconds
+            elif refresh or prev is None:
+                at, u = now, read_cpu_usage_seconds(layout, ident.cgroup_path)
+            else:
+                at, u = prev
             if u is not None:
-                if prev and now > prev[0] and u >= prev[1]:
-                    rates[cid] = (u - prev[1]) / (now - prev[0])
-                self._usage[cid] = (now, u)
+                if prev and at > prev[0] and u >= prev[1]:
+                    rates[cid] = (u - prev[1]) / (at - prev[0])
+                if not prev or at > prev[0]:
+                    self._usage[cid] = (at, u)
             prio = (self.cfg.extra_cgroups_first and is_extra_cgroup(ident)) or any(
                 matches(s, ident) for s in self.cfg.priority)
             cost = len(self._target_cpus(ident)) * per_event
@@ -426,8 +450,8 @@ class PerfCollector(Collector):
         self._usage = {k: v for k, v in self._usage.items() if k in live}
         self._rate = {k: v for k, v in self._rate.items() if k in live}
 
-        ranked = self._rank(layout, idents, mono)
         full = self._last_reselect is None or mono - self._last_reselect >= self.cfg.reselect_interval_seconds
+        ranked = self._rank(layout, idents, now, refresh=full)
         if full:
             self._last_reselect = mono
         budget = self.budget()
@@ -448,6 +472,8 @@ class PerfCollector(Collector):
                 skipped[cid] = Skipped(ident, "descriptor_limit")
                 continue
             w = self.watched.get(cid) or Watched(ident)
+            if w.ident != ident:  # names arrived from the runtime: new labels
+                w.ident, w.series, w._labels = ident, {}, {}
             try:
                 self._sync_groups(root, w, self._target_cpus(ident))
             except _NoPerfCgroup:
@@ -456,7 +482,7 @@ class PerfCollector(Collector):
                 self.watched.pop(cid, None)
                 continue
             except _OutOfDescriptors as e:
-                log.warning("perf: out of descriptors opening %s: %s", _short(ident), e)
+                log.warning("perf: out of descriptors opening %s: %s", short_name(ident), e)
                 out_of_fds = True
                 skipped[cid] = Skipped(ident, "descriptor_limit")
                 self._close_watched(w)
@@ -473,18 +499,35 @@ class PerfCollector(Collector):
                 f"{k} ({v})" for k, v in self.unsupported.items()))
         return self._read_all(now)
 
+    def _series_of(self, w: Watched, i: int) -> tuple[str, dict[str, str], float]:
+        """Metric name, labels and unit factor of event ``i`` for a watched container (built once)."""
+        got = w.series.get(i)
+        if got is None:
+            ev = self.events[i]
+            spec = _METRIC_OF_KEY.get(ev.key, M.CONTAINER_PERF_EVENTS)
+            lab = w.labels()
+            got = w.series[i] = (spec.name, lab if ev.key else {**lab, "event": ev.name},
+                                 _UNIT_SCALE.get(ev.key, 1.0))
+        return got
+
     def _read_all(self, now: float) -> list[Sample]:
         samples: list[Sample] = []
         idx_cycles = next((i for i, e in enumerate(self.events) if e.key == "cycles"), None)
         idx_instr = next((i for i, e in enumerate(self.events) if e.key == "instructions"), None)
         for w in self.watched.values():
             totals: dict[int, float] = dict(w.retired)
+            enabled_ns, running_ns = w.retired_times_ns
             for g in w.groups.values():
                 try:
                     r = pe.read_group(g.fds[0], len(g.fds))
                 except (OSError, ValueError) as e:
-                    log.debug("perf read failed for %s cpu %d: %s", _short(w.ident), g.cpu, e)
+                    log.debug("perf read failed for %s cpu %d: %s", short_name(w.ident), g.cpu, e)
+                    enabled_ns += g.times_ns[0]
+                    running_ns += g.times_ns[1]
                     continue
+                g.times_ns = (max(g.times_ns[0], r.time_enabled_ns), max(g.times_ns[1], r.time_running_ns))
+                enabled_ns += g.times_ns[0]
+                running_ns += g.times_ns[1]
                 for id_, raw in r.values.items():
                     i = g.index_of_id.get(id_)
                     if i is None:
@@ -495,19 +538,21 @@ class PerfCollector(Collector):
                         g.last[i] = max(scaled, g.last.get(i, 0.0))
                 for i, v in g.last.items():
                     totals[i] = totals.get(i, 0.0) + v
-            lab = w.ident.labels()
+            lab = w.labels()
             for i, v in totals.items():
-                ev = self.events[i]
-                spec = _METRIC_OF_KEY.get(ev.key, M.CONTAINER_PERF_EVENTS)
-                labels = lab if ev.key else {**lab, "event": ev.name}
-                samples.append(Sample(spec.name, labels, v * _UNIT_SCALE.get(ev.key, 1.0)))
+                name, labels, unit = self._series_of(w, i)
+                samples.append(Sample(name, labels, v * unit))
             if idx_cycles is not None and idx_instr is not None and w.prev_totals is not None:
                 dc = totals.get(idx_cycles, 0.0) - w.prev_totals.get(idx_cycles, 0.0)
                 di = totals.get(idx_instr, 0.0) - w.prev_totals.get(idx_instr, 0.0)
                 if di > 0 and dc >= 0:
                     samples.append(Sample(M.CONTAINER_CPI.name, lab, dc / di))
             w.prev_totals = totals
-            samples.append(Sample(M.CONTAINER_PERF_MONITORED.name, {**lab, "reason": ""}, 1.0))
+            samples.append(Sample(M.CONTAINER_PERF_MONITORED.name, w.labels("reason"), 1.0))
+            # The multiplexing made visible: counts above are scaled by enabled / running.
+            samples.append(Sample(M.CONTAINER_PERF_ENABLED.name, lab, enabled_ns / 1e9))
+            samples.append(Sample(M.CONTAINER_PERF_RUNNING.name, lab, running_ns / 1e9))
+            samples.append(Sample(M.CONTAINER_PERF_DESCRIPTORS.name, lab, float(w.fds)))
         for s in self.skipped.values():
             samples.append(Sample(M.CONTAINER_PERF_MONITORED.name, {**s.ident.labels(), "reason": s.reason}, 0.0))
         for ev in self.events:
@@ -515,7 +560,8 @@ class PerfCollector(Collector):
             samples.append(Sample(M.PERF_EVENT_SUPPORTED.name, {"event": ev.name, "error": err}, 0.0 if err else 1.0))
         for name in self.cfg.events:
             if name in self.unsupported and not any(ev.name == name for ev in self.events):
-                samples.append(Sample(M.PERF_EVENT_SUPPORTED.name, {"event": name, "error": self.unsupported[name]}, 0.0))
+                samples.append(Sample(M.PERF_EVENT_SUPPORTED.name, {"event": name, "error": self.unsupported[name]},
+                                      0.0))
         samples.append(Sample(M.PERF_DESCRIPTORS.name, {}, float(sum(w.fds for w in self.watched.values()))))
         samples.append(Sample(M.PERF_DESCRIPTOR_BUDGET.name, {}, float(self.budget())))
         samples.append(Sample(M.PERF_CONTAINERS_SKIPPED.name, {}, float(len(self.skipped))))
@@ -539,10 +585,8 @@ class PerfCollector(Collector):
 
 def _close_group(g: CpuGroup) -> None:
     for fd in reversed(g.fds):
-        try:
+        with contextlib.suppress(OSError):
             os.close(fd)
-        except OSError:
-            pass
     g.fds.clear()
 
 
@@ -550,8 +594,3 @@ def _errtext(e: OSError) -> str:
     code = errno.errorcode.get(e.errno or 0, str(e.errno))
     return f"{code}: {e.strerror}"
 
-
-def _short(ident: ContainerIdentity) -> str:
-    if ident.namespace or ident.pod or ident.name:
-        return f"{ident.namespace}/{ident.pod}/{ident.name or ident.container_id[:12]}"
-    return ident.container_id[:12]

@@ -197,11 +197,8 @@ def parse_group_read(data: bytes) -> GroupReading:
     nr, enabled, running = struct.unpack_from("=QQQ", data, 0)
     if len(data) < group_read_size(nr):
         raise ValueError(f"perf group read of {len(data)} bytes cannot hold {nr} values")
-    values = {}
-    for i in range(nr):
-        value, id_ = struct.unpack_from("=QQ", data, 24 + 16 * i)
-        values[id_] = value
-    return GroupReading(enabled, running, values)
+    flat = struct.unpack_from(f"={2 * nr}Q", data, 24)  # value, id, value, id, ... in one call
+    return GroupReading(enabled, running, dict(zip(flat[1::2], flat[0::2], strict=True)))
 
 
 def read_group(fd: int, members: int) -> GroupReading:

@@ -110,7 +110,8 @@ def encode_perfmon(entry: dict) -> PerfmonEvent:
     if not isinstance(name, str) or not name:
         raise EventResolveError(f"perfmon entry without EventName: {entry!r:.80}")
     if entry.get("Unit"):
-        raise EventResolveError(f"perfmon event {name} is an uncore ({entry['Unit']}) event; uncore PMUs cannot count per cgroup")
+        raise EventResolveError(f"perfmon event {name} is an uncore ({entry['Unit']}) event; "
+                                "uncore PMUs cannot count per cgroup")
     if "EventCode" not in entry:
         raise EventResolveError(f"perfmon event {name} has no EventCode")
     code = _num(entry.get("EventCode"), "EventCode", name)
@@ -175,6 +176,7 @@ def resolve(spec: str, perfmon: dict[str, PerfmonEvent] | None = None) -> EventS
         ev = perfmon.get(text.upper())
         if ev is not None:
             return EventSpec(spec, key, pe.PERF_TYPE_RAW, ev.config, ev.config1)
-        raise EventResolveError(f"event {text!r} is neither a generic name, an rNNNN raw code, nor in the perfmon files")
+        raise EventResolveError(f"event {text!r} is neither a generic name, an rNNNN raw code, "
+                                "nor in the perfmon files")
     raise EventResolveError(f"event {text!r} is neither a generic name nor an rNNNN raw code "
                             "(set collectors.perf.perfmon_path to resolve perfmon names)")

@@ -2,9 +2,10 @@
 
 Follows Documentation/arch/x86/resctrl.rst (Documentation/filesystems/resctrl.rst since 6.16):
 
-- one MON group per container, ``<control group>/mon_groups/cri-resmgr.<container id>``, in the root
-  CTRL_MON group unless ``control_group`` names another; a MON group's ``tasks`` only takes tasks of its
-  parent CTRL_MON group ("the task must already belong to the CTRL_MON parent of this group").
+- one MON group per container, ``<ctrl>/mon_groups/cri-resmgr.<container id>``, under the CTRL_MON group
+  holding the container's threads (its RDT class, or the root) unless ``control_group`` names one; a MON
+  group's ``tasks`` only takes tasks of its parent CTRL_MON group ("the task must already belong to the
+  CTRL_MON parent of this group"), so a class change (EINVAL on a task write) moves the group.
 - its ``tasks`` are synced every run from the container's cgroup (v2 ``cgroup.threads``, v1 ``tasks``):
   resctrl tracks *threads*, and a new thread inherits its creator's group at clone, so only threads that
   existed before their container was synced need writing. One thread id per write.
@@ -35,6 +36,7 @@ cleared) at 64.
 from __future__ import annotations
 
 import errno
+import fnmatch
 import logging
 import os
 import threading
@@ -47,8 +49,8 @@ from ..config import RdtCollectorConfig
 from ..store import Sample
 from ..sysfs import read_int, read_text
 from .base import Collector, CollectorUnavailable, Probe
-from .cgroup import CgroupCollector, CgroupLayout, detect_layout
-from .identity import ContainerIdentity
+from .cgroup import CgroupCollector, CgroupLayout, OpenFiles, _Gone, detect_layout
+from .identity import ContainerIdentity, short_name
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +60,8 @@ OCCUPANCY_FILE = "llc_occupancy"
 NOT_COUNTS = ("Unavailable", "Error", "Unassigned")
 RESERVED_DIRS = {"info", "mon_groups", "mon_data"}
 RMID_RETRY_SECONDS = 30.0
+# RMIDs in limbo are freed when the kernel's limbo worker sees their occupancy drop (every second or so).
+LIMBO_RETRY_SECONDS = 1.0
 # Reading a group's ``tasks`` walks every thread on the machine (rdtgroup_tasks_show loops over all
 # threads), so the collector trusts its own record of what it wrote and re-reads the file only this often
 # (to see tasks that someone else moved away).
@@ -151,9 +155,69 @@ class RdtIssue:
 class MonGroup:
     ident: ContainerIdentity
     path: Path
-    counters: dict[tuple[str, int], Counter] = field(default_factory=dict)  # (file, cache id)
     synced: set[int] = field(default_factory=set)  # thread ids known to be in the group
     verified_at: float | None = None
+    files: OpenFiles = field(default_factory=OpenFiles)  # its counters and the container's thread list, kept open
+    misplaced: bool = False  # a task write said the threads are in another CTRL_MON group (a class change)
+
+    @property
+    def ctrl(self) -> Path:
+        return self.path.parent.parent
+    reads: list[tuple[str, int, str]] | None = None  # (file, cache id, path) read every cycle
+
+
+@dataclass
+class Watch:
+    """What is known of one container's traffic across the MON groups it had (rotation makes and removes
+    them): bytes seen while watched, and for how long it was watched."""
+
+    ident: ContainerIdentity
+    observed: dict[tuple[str, int], int] = field(default_factory=dict)  # (file, cache id) -> bytes seen
+    last_raw: dict[tuple[str, int], int] = field(default_factory=dict)  # of the current group
+    exported: dict[tuple[str, int], float] = field(default_factory=dict)  # last estimate (kept monotonic)
+    first_read: float | None = None
+    last_read: float | None = None  # previous read of the current group; None: the next read is a baseline
+    watched_seconds: float = 0.0
+    gaps: bool = False  # unwatched for some time since the first read: estimates are scaled
+    last_watched: float = float("-inf")  # for rotation: the least recently watched go first
+    reason: str = ""
+    _labels: dict[tuple[str, str], dict[str, str]] = field(default_factory=dict)  # built once, reused
+
+    def labels(self) -> dict[str, str]:
+        return self.labels_with("", "")
+
+    def labels_with(self, k: str, v: str) -> dict[str, str]:
+        lab = self._labels.get((k, v))
+        if lab is None:
+            base = self.ident.labels()
+            lab = self._labels[(k, v)] = {**base, k: v} if k else base
+        return lab
+
+    def bandwidth_labels(self, key: tuple[str, int]) -> dict[str, str]:
+        k = ("scope/cache_id", f"{MBM_FILES[key[0]]}/{key[1]}")
+        lab = self._labels.get(k)
+        if lab is None:
+            lab = self._labels[k] = {**self.ident.labels(), "scope": MBM_FILES[key[0]], "cache_id": str(key[1])}
+        return lab
+
+    def lost_group(self) -> None:
+        self.last_raw.clear()
+        if self.last_read is not None:
+            self.gaps = True
+        self.last_read = None
+
+    def estimate(self, key: tuple[str, int], now: float) -> float | None:
+        """Bytes over the container's whole observed life: what was seen, scaled by elapsed / watched time
+        when it was not watched all along (as perf scales multiplexed counts by enabled / running)."""
+        seen = self.observed.get(key)
+        if seen is None or self.first_read is None:
+            return None
+        v = float(seen)
+        if self.gaps and self.watched_seconds > 0:
+            v = seen * max(1.0, (now - self.first_read) / self.watched_seconds)
+        v = max(v, self.exported.get(key, 0.0))
+        self.exported[key] = v
+        return v
 
 
 def read_small(path: Path) -> str | None:
@@ -220,6 +284,15 @@ class RdtCollector(Collector):
         self._rmid_exhausted_at: float | None = None
         self._exhausted_reason = "no free RMID"
         self._node: dict[tuple[str, str, int], Counter] = {}  # (ctrl group, file, cache id)
+        self.watches: dict[str, Watch] = {}  # container id -> what is known of it across its MON groups
+        self.capacity: int | None = None  # MON groups the agent can hold (None: every container fits)
+        self._learned_capacity: int | None = None  # groups held when mkdir last failed for want of RMIDs
+        self._learned_at = 0.0
+        self._slice: int | None = None  # index of the current rotation slice
+        self._desired: dict[str, str] = {}  # container id -> why it is monitored in this slice
+        self._cpu: dict[str, tuple[float, float]] = {}  # container id -> (time, cpu seconds), for ranking
+        self._cpu_rate: dict[str, float] = {}
+        self._tid_ctrl: dict[int, Path] | None = None  # thread -> CTRL_MON group, read at most once a run
         self._lock = threading.Lock()
 
     def reconfigure(self, cfg: RdtCollectorConfig) -> None:
@@ -275,14 +348,15 @@ class RdtCollector(Collector):
         parts = [f"monitoring {len(self.groups)} containers in {self.control_dir / 'mon_groups'} "
                  f"(features: {feats}; RMIDs: {info.num_rmids if info else '?'})"]
         if self.unmonitored:
-            names = [f"{_short(i)} ({r})" for i, r in list(self.unmonitored.values())[:5]]
+            names = [f"{short_name(i)} ({r})" for i, r in list(self.unmonitored.values())[:5]]
             more = f" and {len(self.unmonitored) - 5} more" if len(self.unmonitored) > 5 else ""
             parts.append(f"unmonitored {len(self.unmonitored)}: {', '.join(names)}{more}")
         bad = {k: v for k, v in self.readings.items() if k != "ok"}
         if bad:
             parts.append("readings not counted: " + ", ".join(f"{v} {k}" for k, v in sorted(bad.items())))
         if self.issues:
-            parts.append(f"errors: {self.issues[0]}" + (f" (+{len(self.issues) - 1} more)" if len(self.issues) > 1 else ""))
+            more = f" (+{len(self.issues) - 1} more)" if len(self.issues) > 1 else ""
+            parts.append(f"errors: {self.issues[0]}{more}")
         return "; ".join(parts)
 
     # -- resctrl operations, each failure reporting last_cmd_status -----------------------------------
@@ -290,14 +364,32 @@ class RdtCollector(Collector):
         return (read_text(self.root / "info" / "last_cmd_status") or "").strip() or "(empty)"
 
     def _issue(self, ident: ContainerIdentity | None, op: str, path: Path, e: OSError) -> RdtIssue:
-        issue = RdtIssue(ident.container_id if ident else "", op, str(path), e.strerror or str(e), self.last_cmd_status())
+        issue = RdtIssue(ident.container_id if ident else "", op, str(path), e.strerror or str(e),
+                         self.last_cmd_status())
         self.issues.append(issue)
         self.write_errors_total += 1
         log.warning("resctrl: %s", issue)
         return issue
 
-    def _mkdir(self, ident: ContainerIdentity) -> MonGroup | None:
-        path = self.control_dir / "mon_groups" / (GROUP_PREFIX + ident.container_id)
+    def _ctrl_of(self, layout: CgroupLayout, ident: ContainerIdentity) -> Path:
+        """The CTRL_MON group that holds the container's threads: ``control_group`` when configured, else the
+        group whose ``tasks`` lists the container's first thread (an RDT class puts them in
+        ``<resctrl>/<class>``; a MON group only takes tasks of its parent). The others' ``tasks`` are read
+        at most once per run, and only when a group is to be made (each read walks every thread)."""
+        if self.cfg.control_group:
+            return self.control_dir
+        tids = container_threads(layout, ident.cgroup_path) or set()
+        if not tids:
+            return self.root
+        if self._tid_ctrl is None:
+            self._tid_ctrl = {}
+            for ctrl in self.ctrl_groups()[1:]:  # the root group's tasks are everyone else
+                for tid in parse_ids(read_small(ctrl / "tasks")):
+                    self._tid_ctrl[tid] = ctrl
+        return self._tid_ctrl.get(min(tids), self.root)
+
+    def _mkdir(self, ident: ContainerIdentity, ctrl: Path | None = None) -> MonGroup | None:
+        path = (ctrl or self.control_dir) / "mon_groups" / (GROUP_PREFIX + ident.container_id)
         try:
             os.mkdir(path)
         except FileExistsError:
@@ -306,6 +398,10 @@ class RdtCollector(Collector):
             issue = self._issue(ident, "mkdir", path, e)
             if e.errno in (errno.ENOSPC, errno.EBUSY):
                 self._rmid_exhausted_at = self.clock()
+                if e.errno == errno.ENOSPC:
+                    self._learned_capacity, self._learned_at = len(self.groups), self.clock()
+                else:  # EBUSY: freed RMIDs still in limbo, free again soon: retry after LIMBO_RETRY_SECONDS
+                    self._rmid_exhausted_at -= RMID_RETRY_SECONDS - LIMBO_RETRY_SECONDS
                 kind = "no free RMID" if e.errno == errno.ENOSPC else "RMIDs busy in limbo"
                 self._exhausted_reason = f"{kind}: {issue.last_cmd_status}"
                 self.unmonitored[ident.container_id] = (ident, self._exhausted_reason)
@@ -315,6 +411,7 @@ class RdtCollector(Collector):
         return MonGroup(ident, path)
 
     def _rmdir(self, g: MonGroup) -> None:
+        g.files.close()
         try:
             os.rmdir(g.path)
         except FileNotFoundError:
@@ -323,7 +420,15 @@ class RdtCollector(Collector):
             self._issue(g.ident, "rmdir", g.path, e)
 
     def _sync_tasks(self, layout: CgroupLayout, g: MonGroup) -> None:
-        want = container_threads(layout, g.ident.cgroup_path)
+        rel = g.ident.cgroup_path.strip("/")
+        try:
+            if layout.version == 2:
+                text = g.files.read(f"{layout.root}/{rel}/cgroup.threads")
+            else:
+                text = g.files.read(f"{layout.root}/{rel}/tasks")
+        except _Gone:
+            return
+        want = parse_ids(text.decode()) if text is not None else container_threads(layout, g.ident.cgroup_path)
         if not want:
             return
         now = self.clock()
@@ -349,6 +454,8 @@ class RdtCollector(Collector):
                     continue  # the thread exited between the two reads
                 except OSError as e:
                     self._issue(g.ident, f"write task {tid} to", path, e)
+                    if e.errno == errno.EINVAL and not self.cfg.control_group:
+                        g.misplaced = True  # moved to another class: the group follows next run
                     break  # the rest would fail the same way (e.g. a foreign CTRL_MON group)
         finally:
             os.close(fd)
@@ -363,7 +470,7 @@ class RdtCollector(Collector):
                 continue
             for n in names:
                 cid = n[len(GROUP_PREFIX):]
-                if ctrl == self.control_dir and cid in live:
+                if cid in live and cid not in self.groups and (ctrl == self.control_dir or not self.cfg.control_group):
                     self.groups[cid] = MonGroup(live[cid], mg / n)
                     continue
                 self._rmdir(MonGroup(ContainerIdentity(cid, "", "", "", ""), mg / n))
@@ -385,6 +492,15 @@ class RdtCollector(Collector):
 
     def _read(self, d: Path, fname: str) -> MonValue:
         v = parse_mon_value(read_small(d / fname))
+        self.readings[v.status] = self.readings.get(v.status, 0) + 1
+        return v
+
+    def _read_kept(self, files: OpenFiles, path: str) -> MonValue:
+        try:
+            b = files.read(path)
+        except _Gone:
+            b = None
+        v = parse_mon_value(b.decode() if b is not None else None)
         self.readings[v.status] = self.readings.get(v.status, 0) + 1
         return v
 
@@ -410,26 +526,57 @@ class RdtCollector(Collector):
         for cid in [c for c in self.groups if c not in idents]:
             self._rmdir(self.groups.pop(cid))
             self._rmid_exhausted_at = None  # an RMID may be free again
-        self.unmonitored = {k: v for k, v in self.unmonitored.items() if k in idents}
-        try:
-            present = {e.name for e in os.scandir(self.control_dir / "mon_groups")}
-        except OSError:
-            present = set()
-        for cid in [c for c, g in self.groups.items() if g.path.name not in present]:
+        self.watches = {k: w for k, w in self.watches.items() if k in idents}
+        self.unmonitored = {}
+        self._tid_ctrl = None
+        present: set[Path] = set()
+        for ctrl in {g.ctrl for g in self.groups.values()}:
+            try:
+                present.update(ctrl / "mon_groups" / e.name for e in os.scandir(ctrl / "mon_groups"))
+            except OSError:
+                continue
+        for cid in [c for c, g in self.groups.items() if g.path not in present]:
             del self.groups[cid]  # removed behind our back: made again below
-        for cid, ident in idents.items():
+            if cid in self.watches:
+                self.watches[cid].lost_group()
+
+        for cid in [c for c, g in self.groups.items() if g.misplaced]:
+            g = self.groups[cid]
+            if self._ctrl_of(layout, g.ident) != g.ctrl:
+                # The container changed class: its MON group moves to the new CTRL_MON group. Its counters
+                # start again at 0 there; the watch keeps what was counted, so the exported total goes on.
+                self._rmdir(self.groups.pop(cid))
+                self._rmid_exhausted_at = None
+                if cid in self.watches:
+                    self.watches[cid].lost_group()
+            else:
+                g.misplaced = False
+
+        desired = self._plan(idents, info, now)
+        for cid in [c for c in self.groups if c not in desired]:
+            self._rmdir(self.groups.pop(cid))  # rotated out: its RMID goes to the next container
+            self._rmid_exhausted_at = None
+            self.watches.setdefault(cid, Watch(idents[cid])).lost_group()
+        for cid, why in desired.items():
+            w = self.watches.setdefault(cid, Watch(idents[cid]))
+            if w.ident != idents[cid]:
+                w.ident, w._labels = idents[cid], {}  # names arrived from the runtime
+            w.reason = why
             if cid in self.groups:
                 continue
             at = self._rmid_exhausted_at
             if at is not None and self.clock() - at < RMID_RETRY_SECONDS:
                 # Out of RMIDs a moment ago: the next mkdir would fail the same way (and reset
                 # last_cmd_status for nothing). Retry after RMID_RETRY_SECONDS or when a group is freed.
-                self.unmonitored[cid] = (ident, self._exhausted_reason)
+                self.unmonitored[cid] = (idents[cid], self._exhausted_reason)
                 continue
-            g = self._mkdir(ident)
-            if g is not None:
-                self.unmonitored.pop(cid, None)
-                self.groups[cid] = g
+            made = self._mkdir(idents[cid], self._ctrl_of(layout, idents[cid]))
+            if made is not None:
+                self.groups[cid] = made
+                w.lost_group()  # a new RMID: its first read is a baseline
+        for cid, ident in idents.items():
+            if cid not in self.groups and cid not in self.unmonitored:
+                self.unmonitored[cid] = (ident, "waiting for its rotation slice")
 
         samples: list[Sample] = []
         width = self.cfg.mbm_counter_width_bits
@@ -437,32 +584,170 @@ class RdtCollector(Collector):
         occ = OCCUPANCY_FILE in info.features
         # Every group has one mon_L3_XX per L3 domain (the same set): list them once, from the root.
         domain_ids = [cid for cid, _ in self.domains(self.root)]
+        files = [*mbm, OCCUPANCY_FILE] if occ else mbm
         for cid, g in self.groups.items():
             self._sync_tasks(layout, g)
-            lab = g.ident.labels()
-            for cache_id in domain_ids:
-                d = g.path / "mon_data" / f"mon_L3_{cache_id:02d}"
-                for fname in mbm:
-                    v = self._read(d, fname)
-                    if v.value is not None:
-                        total = g.counters.setdefault((fname, cache_id), Counter()).advance(v.value, width)
-                        samples.append(Sample(M.CONTAINER_MEMORY_BANDWIDTH.name,
-                                              {**lab, "scope": MBM_FILES[fname], "cache_id": str(cache_id)}, float(total)))
-                if occ:
-                    v = self._read(d, OCCUPANCY_FILE)
-                    if v.value is not None:
-                        samples.append(Sample(M.CONTAINER_LLC_OCCUPANCY.name, {**lab, "cache_id": str(cache_id)},
-                                              float(v.value)))
-            samples.append(Sample(M.CONTAINER_RDT_MONITORED.name, {**lab, "reason": ""}, 1.0))
+            w = self.watches.setdefault(cid, Watch(g.ident))
+            if g.reads is None:
+                base = str(g.path)
+                g.reads = [(f, c, f"{base}/mon_data/mon_L3_{c:02d}/{f}") for c in domain_ids for f in files]
+            for fname, cache_id, path in g.reads:
+                v = self._read_kept(g.files, path)
+                if v.value is None:
+                    continue
+                if fname == OCCUPANCY_FILE:
+                    samples.append(Sample(M.CONTAINER_LLC_OCCUPANCY.name, w.labels_with("cache_id", str(cache_id)),
+                                          float(v.value)))
+                    continue
+                key = (fname, cache_id)
+                prev = w.last_raw.get(key)
+                if prev is not None:
+                    w.observed[key] = w.observed.get(key, 0) + counter_delta(prev, v.value, width)
+                else:
+                    w.observed.setdefault(key, 0)
+                w.last_raw[key] = v.value
+            if w.first_read is None:
+                w.first_read = now
+            elif w.last_read is not None and now > w.last_read:
+                w.watched_seconds += now - w.last_read
+            w.last_read = now
+            w.last_watched = now
+        for cid, w in self.watches.items():
+            lab = w.labels()
+            for key in w.observed:
+                est = w.estimate(key, now)
+                if est is not None:
+                    samples.append(Sample(M.CONTAINER_MEMORY_BANDWIDTH.name, w.bandwidth_labels(key), est))
+            if w.first_read is not None:
+                samples.append(Sample(M.CONTAINER_RDT_MONITORED_SECONDS.name, lab, w.watched_seconds))
+            if cid in self.groups:
+                samples.append(Sample(M.CONTAINER_RDT_MONITORED.name, w.labels_with("reason", w.reason), 1.0))
         for ident, reason in self.unmonitored.values():
-            code = "rmid_exhausted" if "RMID" in reason else "mkdir_failed"
+            code = ("rmid_limbo" if "limbo" in reason else "rmid_exhausted" if "RMID" in reason
+                    else "rotation_wait" if "rotation" in reason else "mkdir_failed")
             samples.append(Sample(M.CONTAINER_RDT_MONITORED.name, {**ident.labels(), "reason": code}, 0.0))
         samples += self._node_totals(mbm, occ, width)
         if info.num_rmids is not None:
             samples.append(Sample(M.RDT_RMIDS.name, {}, float(info.num_rmids)))
+        if self.capacity is not None:
+            samples.append(Sample(M.RDT_RMID_BUDGET.name, {}, float(self.capacity)))
         samples.append(Sample(M.RDT_MON_GROUPS.name, {}, float(len(self.groups))))
         samples.append(Sample(M.RDT_WRITE_ERRORS.name, {}, float(self.write_errors_total)))
         return samples
+
+    # -- the RMID budget -----------------------------------------------------------------------------
+    def rmids_used_by_others(self) -> int:
+        """RMIDs held by groups that are not the agent's: the root group's, every other CTRL_MON group's
+        and every MON group that is not ours (each holds one: resctrl.rst, "RMID")."""
+        n = 0
+        for ctrl in self.ctrl_groups():
+            n += 1
+            try:
+                for e in os.scandir(ctrl / "mon_groups"):
+                    if not e.name.startswith(GROUP_PREFIX):
+                        n += 1
+            except OSError:
+                continue
+        return n
+
+    def _estimate_capacity(self, info: ResctrlInfo) -> int | None:
+        """MON groups the agent may hold: what ``num_rmids`` leaves after the others' groups, lowered to
+        what held when a mkdir last failed (RMIDs in limbo are not visible as groups); that lesson is
+        forgotten after RMID_RETRY_SECONDS so that freed RMIDs are used again."""
+        if self._learned_capacity is not None and self.clock() - self._learned_at >= RMID_RETRY_SECONDS:
+            self._learned_capacity = None
+        est = None if info.num_rmids is None else max(0, info.num_rmids - self.rmids_used_by_others())
+        if self._learned_capacity is not None:
+            est = self._learned_capacity if est is None else min(est, self._learned_capacity)
+        return est
+
+    def _rank_key(self, ident: ContainerIdentity) -> tuple:
+        """Most important first: a configured selector, then QoS class, then CPU use."""
+        cfg = self.cfg
+        prio = self._is_priority(ident)
+        qos = cfg.qos_order.index(ident.qos_class) if ident.qos_class in cfg.qos_order else len(cfg.qos_order)
+        cpu = self._cpu_rate.get(ident.container_id, 0.0) if cfg.rank_by_cpu else 0.0
+        return (not prio, qos, -cpu, ident.container_id)
+
+    def _is_priority(self, ident: ContainerIdentity) -> bool:
+        """A ``priority`` selector matches, or the pod says so (``<priority_annotation>/pod: "true"`` or
+        ``.../container.<name>: "true"``)."""
+        if any(_matches(sel, ident) for sel in self.cfg.priority):
+            return True
+        v = ident.annotated(self.cfg.priority_annotation) if self.cfg.priority_annotation else None
+        return v is not None and v.strip().lower() in ("true", "1", "yes")
+
+    def _update_cpu(self) -> None:
+        """CPU use per container from what the cgroup collector read last (no extra reads here)."""
+        infos = getattr(self.discovery, "containers", {})
+        rates = {}
+        for cid, inf in infos.items():
+            u = inf.stats.cpu_usage_seconds
+            if u is None:
+                continue
+            prev = self._cpu.get(cid)
+            if prev is None or inf.last_seen > prev[0]:
+                if prev is not None:
+                    rates[cid] = max(0.0, (u - prev[1]) / (inf.last_seen - prev[0]))
+                self._cpu[cid] = (inf.last_seen, u)
+        self._cpu = {k: v for k, v in self._cpu.items() if k in infos}
+        self._cpu_rate = {k: v for k, v in {**self._cpu_rate, **rates}.items() if k in infos}
+
+    def _plan(self, idents: dict[str, ContainerIdentity], info: ResctrlInfo, now: float) -> dict[str, str]:
+        """Which containers hold a MON group in this cycle, and why (the ``reason`` of rdt_monitored).
+
+        Everyone while the RMIDs suffice ("all"). Otherwise the ranked first keep theirs ("priority" for a
+        selector match, else "ranked"), and ``rotation_share`` of the budget rotates through the rest, the
+        least recently watched first, one ``rotation_slice_seconds`` slice at a time ("rotation").
+        """
+        slice_idx = int(now // self.cfg.rotation_slice_seconds)
+        boundary = slice_idx != self._slice
+        if boundary or (self._learned_capacity is not None
+                        and (self.capacity is None or self._learned_capacity < self.capacity)):
+            # A new slice, or a mkdir failed for want of RMIDs mid-slice: re-plan within what holds.
+            boundary = True
+            self._slice = slice_idx
+            self.capacity = self._estimate_capacity(info)
+        cap = self.capacity
+        if cap is None or len(idents) <= cap:
+            self._desired = {cid: "all" for cid in idents}
+            return dict(self._desired)
+        self._update_cpu()
+        ranked = sorted(idents.values(), key=self._rank_key)
+        rotating_slots = min(cap, max(1, int(cap * self.cfg.rotation_share))) if cap > 0 else 0
+        fixed_n = cap - rotating_slots
+        if boundary:
+            desired: dict[str, str] = {}
+            for ident in ranked[:fixed_n]:
+                desired[ident.container_id] = "priority" if self._is_priority(ident) else "ranked"
+            rest = sorted(ranked[fixed_n:], key=lambda i: (self._last_watched(i.container_id), i.container_id))
+            for ident in rest[:rotating_slots]:
+                desired[ident.container_id] = "rotation"
+        else:
+            desired = {cid: why for cid, why in self._desired.items() if cid in idents}
+            for ident in ranked:  # slots freed by exited containers go to the next in line
+                if len(desired) >= cap:
+                    break
+                desired.setdefault(ident.container_id, "rotation")
+        self._desired = desired
+        return dict(desired)
+
+    def _last_watched(self, cid: str) -> float:
+        w = self.watches.get(cid)
+        return w.last_watched if w is not None else float("-inf")
+
+    def read_paths(self, layout: CgroupLayout) -> list[str]:
+        """The files one cycle reads (for the benchmark's C floor): every group's counters and its
+        container's thread list."""
+        out = []
+        domain_ids = [cid for cid, _ in self.domains(self.root)]
+        feats = [f for f in (*MBM_FILES, OCCUPANCY_FILE) if self.info and f in self.info.features]
+        for g in self.groups.values():
+            for cache_id in domain_ids:
+                out += [str(g.path / "mon_data" / f"mon_L3_{cache_id:02d}" / f) for f in feats]
+            rel = g.ident.cgroup_path.strip("/")
+            out.append(str(layout.root / rel / ("cgroup.threads" if layout.version == 2 else "tasks")))
+        return out
 
     def _node_totals(self, mbm: list[str], occ: bool, width: int) -> list[Sample]:
         bw: dict[tuple[str, int], int] = {}
@@ -484,7 +769,8 @@ class RdtCollector(Collector):
                 bw[(fname, cache_id)] = bw.get((fname, cache_id), 0) + c.total
         out = [Sample(M.NODE_MEMORY_BANDWIDTH.name, {"scope": MBM_FILES[f], "cache_id": str(cid)}, float(v))
                for (f, cid), v in sorted(bw.items())]
-        out += [Sample(M.NODE_LLC_OCCUPANCY.name, {"cache_id": str(cid)}, float(v)) for cid, v in sorted(occupancy.items())]
+        out += [Sample(M.NODE_LLC_OCCUPANCY.name, {"cache_id": str(cid)}, float(v))
+                for cid, v in sorted(occupancy.items())]
         return out
 
     def close(self) -> None:
@@ -498,7 +784,8 @@ class RdtCollector(Collector):
         self.groups.clear()
 
 
-def _short(ident: ContainerIdentity) -> str:
-    if ident.namespace or ident.pod or ident.name:
-        return f"{ident.namespace}/{ident.pod}/{ident.name or ident.container_id[:12]}"
-    return ident.container_id[:12]
+
+def _matches(sel, ident: ContainerIdentity) -> bool:
+    return all(fnmatch.fnmatchcase(v, pat) for v, pat in (
+        (ident.namespace, sel.namespace), (ident.pod, sel.pod), (ident.name, sel.container),
+        (ident.container_id, sel.container_id)))

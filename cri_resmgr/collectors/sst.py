@@ -85,7 +85,8 @@ class SstCollector(Collector):
             for cpu, hz in freqs.items():
                 lab = self.topology.cpu_labels(cpu)
                 samples.append(Sample(M.CPU_BASE_FREQUENCY.name, lab, float(hz)))
-                samples.append(Sample(M.CPU_SST_BF_HIGH_PRIORITY.name, lab, 1.0 if bf.priority.get(cpu) == HIGH else 0.0))
+                samples.append(Sample(M.CPU_SST_BF_HIGH_PRIORITY.name, lab,
+                                      1.0 if bf.priority.get(cpu) == HIGH else 0.0))
             samples.append(Sample(M.NODE_SST_BF_ENABLED.name, {}, 1.0 if bf.enabled else 0.0))
         first_cpu: dict[int, int] = {}
         for cpu, pkg in sorted(packages.items()):

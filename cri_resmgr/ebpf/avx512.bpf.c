@@ -3,9 +3,10 @@
  * avx512.bpf.c - per cgroup (or per process) and per CPU: how many context switches leave AVX-512 state
  * (upper halves of zmm0-15) live, out of all context switches.
  *
- * Built by `make bpf`: clang -O2 -g -target bpf against a vmlinux.h that bpftool generates from
- * /sys/kernel/btf/vmlinux at build time (CO-RE: field offsets are relocated by libbpf at load time against
- * the running kernel's BTF, so the object is not tied to the build kernel).
+ * Built by `make bpf` and by the wheel's build hook (setup.py): clang -O2 -g -target bpf against
+ * x86_64/vmlinux.h, a minimal header derived from the kernel's BTF with only the fields read here, every record
+ * preserve_access_index (CO-RE: field offsets are relocated by libbpf at load time against the running kernel's
+ * BTF, so the object is tied neither to the build kernel nor to a BTF on the build host).
  *
  * Hooks (BTF-enabled raw tracepoints; no trace-buffer record is built, the program gets the arguments):
  *

@@ -2,8 +2,8 @@
 
 Two loaders produce the same :class:`Snapshot`:
 
-- :class:`LibbpfSource` opens the CO-RE object ``avx512.bpf.o`` (built by ``make bpf``; no clang at run
-  time) with the system libbpf through :mod:`cri_resmgr.ebpf.libbpf`;
+- :class:`LibbpfSource` opens the CO-RE object ``avx512.bpf.o`` (compiled into the wheel, or by ``make bpf`` in
+  a checkout; no clang at run time) with the system libbpf through :mod:`cri_resmgr.ebpf.libbpf`;
 - :class:`BccSource` compiles ``avx512_bcc.c`` with bcc (Debian ``python3-bpfcc``) for kernels without
   BTF that have kernel headers. bcc keeps LLVM in the process (~140 MB), which is why it is the fallback.
 
@@ -60,7 +60,7 @@ class Counts:
     switches: int = 0
     last_avx512_ns: int = 0
 
-    def __add__(self, other: "Counts") -> "Counts":
+    def __add__(self, other: Counts) -> Counts:
         return Counts(self.avx512_switches + other.avx512_switches, self.switches + other.switches,
                       max(self.last_avx512_ns, other.last_avx512_ns))
 
@@ -201,7 +201,7 @@ def import_bcc():
     try:
         return importlib.import_module("bcc")
     except Exception as e:  # libbcc.so missing or of another version: report, do not crash
-        raise LoaderError(f"cannot import bcc from {pkg}: {type(e).__name__}: {e}") from None
+        raise LoaderError(f"cannot import bcc from {pkg}: {type(e).__name__}: {e}") from e
 
 
 class BccSource(Avx512Source):
@@ -212,7 +212,7 @@ class BccSource(Avx512Source):
         try:
             self.bpf = bcc.BPF(text=BCC_SOURCE.read_bytes(), cflags=cflags)
         except Exception as e:  # bcc raises plain Exception for compile and header failures
-            raise LoaderError(f"bcc could not compile {BCC_SOURCE.name}: {e}") from None
+            raise LoaderError(f"bcc could not compile {BCC_SOURCE.name}: {e}") from e
         self.attached = ["tracepoint/sched/sched_switch", "tracepoint/x86_fpu/x86_fpu_regs_deactivated"]
         self.counts = self.bpf["counts"]
         self.totals = self.bpf["cpu_totals"]

@@ -124,6 +124,12 @@ class Libbpf:
         self.log = _shared_log()
         L.libbpf_set_print(self.log.callback)
 
+    def version(self) -> str:
+        """``libbpf_version_string()`` (libbpf >= 0.7), e.g. ``v1.1``."""
+        fn = self.lib.libbpf_version_string
+        fn.restype, fn.argtypes = ctypes.c_char_p, []
+        return fn().decode()
+
     def num_possible_cpus(self) -> int:
         n = self.lib.libbpf_num_possible_cpus()
         if n < 0:
@@ -258,7 +264,8 @@ class BpfObject:
         return {i.name: i for i in (self._map_info(m) for m in self._maps())}
 
     def programs(self) -> list[ProgramInfo]:
-        out, p, L = [], None, self.lb.lib
+        out: list[ProgramInfo] = []
+        p, L = None, self.lb.lib
         while True:
             p = L.bpf_object__next_program(self.ptr, p)
             if not p:
@@ -331,7 +338,8 @@ class BpfObject:
         """Kernel ids of the loaded programs (what ``bpftool prog show id N`` takes). struct bpf_prog_info
         starts with ``__u32 type; __u32 id;`` (include/uapi/linux/bpf.h); the kernel fills at most the
         length passed and accepts a zeroed tail beyond the fields it knows."""
-        out, p, L = {}, None, self.lb.lib
+        out: dict[str, int] = {}
+        p, L = None, self.lb.lib
         while True:
             p = L.bpf_object__next_program(self.ptr, p)
             if not p:
@@ -358,7 +366,7 @@ class BpfObject:
             self.lb.lib.bpf_object__close(self.ptr)
             self.ptr = None
 
-    def __enter__(self) -> "BpfObject":
+    def __enter__(self) -> BpfObject:
         return self
 
     def __exit__(self, *exc) -> None:

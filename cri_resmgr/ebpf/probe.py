@@ -185,7 +185,8 @@ def check_libbpf() -> Check:
 
 def check_object(path: Path) -> Check:
     if not _stat_ok(path, "is_file"):
-        return Check(False, f"BPF object {path} not built (run `make bpf`; needs clang, bpftool, libbpf-dev)")
+        return Check(False, f"BPF object {path} not built (run `make bpf`, or build the wheel where clang and "
+                            "libbpf-dev are installed)")
     return OK
 
 
@@ -202,7 +203,8 @@ def check_kernel_headers(modules_dir: Path, release: str, sysfs: Path) -> Check:
                 return OK
     if _stat_ok(sysfs / "kernel/kheaders.tar.xz", "exists"):
         return OK
-    return Check(False, f"no kernel headers for {release or 'this kernel'} in {modules_dir / (release or '?') / 'build'} "
+    build = modules_dir / (release or "?") / "build"
+    return Check(False, f"no kernel headers for {release or 'this kernel'} in {build} "
                         f"and no {sysfs / 'kernel/kheaders.tar.xz'} (CONFIG_IKHEADERS)")
 
 

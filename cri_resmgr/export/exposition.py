@@ -3,7 +3,7 @@
 prometheus-client's ``generate_latest`` formats every label set on every scrape (~20 µs per series
 here); a node with 20 k series would spend half a second per scrape. This writer caches each series'
 ``name{labels}`` prefix, so a scrape only formats values. Its output is checked against
-``generate_latest`` over the same :class:`~cri_resmgr.export.prometheus.StoreCollector` in the tests
+``generate_latest`` over the same store (:class:`~cri_resmgr.export.reference.StoreCollector`) in the tests
 (parsed with prometheus-client's own parser), so the library stays the reference for the format.
 
 Format: https://prometheus.io/docs/instrumenting/exposition_formats/#text-based-format
@@ -12,11 +12,23 @@ Format: https://prometheus.io/docs/instrumenting/exposition_formats/#text-based-
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .. import metrics as M
-from ..store import Store
-from .prometheus import DirectSample
+
+if TYPE_CHECKING:  # the relay and the NRI plugin use the writers below without the store (numpy, ~100 ms)
+    from ..store import Store
+
+
+@dataclass(frozen=True)
+class DirectSample:
+    """A value that lives outside the store (agent self-metrics), exported next to the store's series."""
+
+    spec: M.MetricSpec
+    labels: dict[str, str]
+    value: float
 
 
 def _escape_label(v: str) -> str:
@@ -43,11 +55,34 @@ def _series_prefix(name: str, labels: Iterable[tuple[str, str]]) -> str:
     return f"{name}{{{inner}}} " if inner else f"{name} "
 
 
-def _spec_for(metric: str) -> M.MetricSpec:
-    spec = M.lookup(metric)
-    if spec is None:
-        spec = M.MetricSpec(metric, "counter" if metric.endswith("_total") else "gauge", f"{metric} (no metadata)")
-    return spec
+def format_family(spec: M.MetricSpec, samples: Iterable[tuple[Iterable[tuple[str, str]], float]]) -> str:
+    """One metric family in text format 0.0.4: HELP and TYPE, then a line per (labels, value). For writers of
+    values that live outside the store (the relay's own statistics), so every text writer escapes the same way."""
+    return _family_head(spec) + "".join(_series_prefix(spec.name, labels) + format_value(v) + "\n"
+                                        for labels, v in samples)
+
+
+def format_histogram(spec: M.MetricSpec,
+                     rows: Iterable[tuple[Iterable[tuple[str, str]], Sequence[float], Sequence[int], float]]) -> str:
+    """A histogram family: per row (labels, upper bounds without +Inf, per-bucket counts with the +Inf bucket last
+    (not cumulative), sum of the observations) the cumulative ``_bucket{le}`` series, ``_sum`` and ``_count``."""
+    out = [_family_head(spec)]
+    for labels, bounds, counts, total in rows:
+        labels = list(labels)
+        if len(counts) != len(bounds) + 1:
+            raise ValueError(f"{spec.name}: {len(counts)} bucket counts for {len(bounds)} bounds (+Inf last)")
+        acc = 0
+        for le, c in zip((*bounds, math.inf), counts, strict=True):
+            acc += c
+            out.append(_series_prefix(f"{spec.name}_bucket", [*labels, ("le", format_value(float(le)))])
+                       + f"{acc}\n")
+        out.append(_series_prefix(f"{spec.name}_sum", labels) + format_value(total) + "\n")
+        out.append(_series_prefix(f"{spec.name}_count", labels) + f"{acc}\n")
+    return "".join(out)
+
+
+def _family_head(spec: M.MetricSpec) -> str:
+    return f"# HELP {spec.name} {_escape_help(spec.help)}\n# TYPE {spec.name} {spec.type}\n"
 
 
 class Exposition:
@@ -60,7 +95,7 @@ class Exposition:
     def _head(self, spec: M.MetricSpec) -> str:
         h = self._header.get(spec.name)
         if h is None:
-            h = self._header[spec.name] = f"# HELP {spec.name} {_escape_help(spec.help)}\n# TYPE {spec.name} {spec.type}\n"
+            h = self._header[spec.name] = _family_head(spec)
         return h
 
     def render(self) -> bytes:
@@ -69,8 +104,7 @@ class Exposition:
         vectors = {t: (live.tolist(), vals.tolist()) for t, (live, vals) in store.latest_vectors().items()}
         out: list[str] = []
         prefix = self._prefix
-        with store.lock:
-            index = {m: list(series.values()) for m, series in store.index.items()}
+        index = store.series_by_metric()
         if len(prefix) > 4 * max(1024, store.series_count):
             prefix.clear()  # series churn: keep the cache bounded
         for metric, refs in index.items():
@@ -92,17 +126,13 @@ class Exposition:
                 v = vals[col]
                 lines.append(entry[1] + (repr(v) if v == v and v not in (math.inf, -math.inf) else format_value(v)))
             if lines:
-                out.append(self._head(_spec_for(metric)))
+                out.append(self._head(M.spec_of(metric)))
                 out.append("\n".join(lines))
                 out.append("\n")
-        direct: dict[str, list[str]] = {}
+        direct: dict[str, list[tuple[list[tuple[str, str]], float]]] = {}
         specs: dict[str, M.MetricSpec] = {}
         for d in self.direct():
             specs[d.spec.name] = d.spec
-            direct.setdefault(d.spec.name, []).append(
-                _series_prefix(d.spec.name, sorted(d.labels.items())) + format_value(d.value))
-        for name, lines in direct.items():
-            out.append(self._head(specs[name]))
-            out.append("\n".join(lines))
-            out.append("\n")
+            direct.setdefault(d.spec.name, []).append((sorted(d.labels.items()), d.value))
+        out += [format_family(specs[name], rows) for name, rows in direct.items()]
         return "".join(out).encode()

@@ -3,8 +3,9 @@
 The relay is its own process (kubelet's critical path stays apart from the metrics side); it renders its
 own exposition text on its control socket (``Metrics`` call). The agent appends that text when the socket
 exists, with a short timeout, so a slow or absent relay never delays a scrape by more than
-``timeout_seconds``. Families never collide: the relay's are all ``cri_resmgr_relay_*``, which the agent
-itself does not write.
+``timeout_seconds``. Families never collide: the relay's are ``cri_resmgr_relay_*`` and, from the resource
+controllers, ``cri_resmgr_container_{rdt,blockio,rt}_class`` and ``cri_resmgr_control_*``, none of which the agent
+itself writes.
 """
 
 from __future__ import annotations
@@ -12,6 +13,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..relay.control import ControlClient
 
 log = logging.getLogger(__name__)
 
@@ -21,7 +26,7 @@ class RelayMetrics:
         self.control_path = control_path
         self.timeout_seconds = timeout_seconds
         self.error: str | None = None
-        self._client = None
+        self._client: ControlClient | None = None
         self._path: Path | None = None
 
     def text(self) -> bytes:

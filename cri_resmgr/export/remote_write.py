@@ -24,6 +24,7 @@ the batch and count its samples as failed. Nothing is lost without a counter say
 
 from __future__ import annotations
 
+import base64
 import logging
 import random
 import re
@@ -33,6 +34,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
 import cramjam
 import httpx
@@ -40,9 +42,10 @@ import numpy as np
 
 from .. import __version__
 from .. import metrics as M
-from ..config import RemoteWriteConfig
+from ..config import RemoteWriteConfig, redact_url
 from ..store import Store
-from .prometheus import DirectSample
+from ..supervise import LoopStatus, start_supervised
+from .exposition import DirectSample
 
 log = logging.getLogger(__name__)
 
@@ -124,32 +127,24 @@ class StoreCursor:
 
     def __init__(self, store: Store):
         self.store = store
-        with store.lock:
-            self.seq = {name: tab.seq for name, tab in store.tables.items()}
+        self.seq = store.row_counts()
 
     def read(self) -> tuple[list[QueuedSample], int]:
         """New samples, oldest row first, and the number of samples lost to the ring before they were read."""
         out: list[QueuedSample] = []
         lost = 0
-        with self.store.lock:
-            for name, tab in self.store.tables.items():
-                start = self.seq.get(name, 0)
-                if tab.seq <= start:
-                    continue
-                first = max(start, tab.seq - tab.count)
-                n_cols = len(tab.keys)
-                if first > start:
-                    lost += (first - start) * n_cols  # upper bound: those rows' non-empty columns are unknown
-                keys = tab.keys
-                ts, V = tab.rows(first, tab.seq, np.arange(n_cols))
-                for ts_ms, vals in zip(np.rint(ts * 1000).astype(np.int64).tolist(), V.tolist()):
-                    for col, v in enumerate(vals):
-                        if v != v:  # NaN: series not written in this row
-                            continue
-                        k = keys[col]
-                        if k is not None:
-                            out.append(QueuedSample(k, v, ts_ms))
-                self.seq[name] = tab.seq
+        for new in self.store.rows_since(self.seq):
+            keys = new.keys
+            # upper bound: the overwritten rows' non-empty columns are unknown
+            lost += (new.first - new.start) * len(keys)
+            for ts_ms, vals in zip(np.rint(new.ts * 1000).astype(np.int64).tolist(), new.values.tolist(), strict=True):
+                for col, v in enumerate(vals):
+                    if v != v:  # NaN: series not written in this row
+                        continue
+                    k = keys[col]
+                    if k is not None:
+                        out.append(QueuedSample(k, v, ts_ms))
+            self.seq[new.table] = new.end
         # No global sort: a series lives in one table, whose rows are read oldest first, and the protocol
         # only needs each series' samples in time order.
         return out, lost
@@ -160,6 +155,21 @@ class RetryableError(Exception):
     def __init__(self, msg: str, retry_after: float | None = None):
         super().__init__(msg)
         self.retry_after = retry_after
+
+
+def _basic(user: str, password: str) -> str:
+    """The credentials of a basic Authorization header, as a receiver echoing it would show them."""
+    return base64.b64encode(f"{user}:{password}".encode()).decode()
+
+
+def _scrub(text: str, cfg: RemoteWriteConfig, secrets: Iterable[str]) -> str:
+    """``text`` (an error from the transport or the receiver) without the URL's user information or any
+    secret sent with the request."""
+    text = text.replace(cfg.url, redact_url(cfg.url))
+    for s in secrets:
+        if len(s) >= 4:
+            text = text.replace(s, "<redacted>")
+    return text
 
 
 class RemoteWriter:
@@ -190,11 +200,13 @@ class RemoteWriter:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        self.loop_status = LoopStatus("remote_write")
 
     # -- lifecycle ---------------------------------------------------------------------------------
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._loop, name="remote-write", daemon=True)
-        self._thread.start()
+        # Supervised: an error anywhere in a cycle (encoding, the send path) restarts the loop after a back-off,
+        # counted in loop_status; the queue and the cursor survive the restart.
+        self._thread = start_supervised(self.loop_status, self._loop, self._stop)
 
     def stop(self, flush_timeout: float = 5.0) -> None:
         self._stop.set()
@@ -296,26 +308,47 @@ class RemoteWriter:
             "Content-Type": "application/x-protobuf",
             "X-Prometheus-Remote-Write-Version": "0.1.0",
             "User-Agent": f"cri-resmgr/{__version__}",
-            **cfg.headers,
+            **{k: v.get_secret_value() for k, v in cfg.headers.items()},
         }
+        secrets = list(headers.values())[4:]
         if cfg.bearer_token_file:
             try:
-                headers["Authorization"] = "Bearer " + cfg.bearer_token_file.read_text().strip()
+                token = cfg.bearer_token_file.read_text().strip()
             except OSError as e:
                 raise RetryableError(f"cannot read bearer_token_file {cfg.bearer_token_file}: {e.strerror}") from None
+            headers["Authorization"] = "Bearer " + token
+            secrets.append(token)
+        # User information in the URL becomes basic authentication here, and the URL sent (which httpx logs)
+        # goes without it.
+        url = httpx.URL(cfg.url)
+        auth: httpx.BasicAuth | None = None
+        if url.userinfo:
+            auth = httpx.BasicAuth(url.username, url.password)
+            secrets += [url.password, _basic(url.username, url.password)]
+            url = url.copy_with(userinfo=b"")
+        if cfg.basic_auth is not None:
+            ba = cfg.basic_auth
+            try:
+                pw = ba.password.get_secret_value() if ba.password is not None else \
+                    Path(str(ba.password_file)).read_text().strip()
+            except OSError as e:
+                raise RetryableError(f"cannot read basic_auth.password_file {ba.password_file}: {e.strerror}") from None
+            auth = httpx.BasicAuth(ba.username, pw)
+            secrets += [pw, _basic(ba.username, pw)]
         try:
-            r = self._http(cfg).post(cfg.url, content=snappy_block(body), headers=headers)
+            r = self._http(cfg).post(url, content=snappy_block(body), headers=headers,
+                                     auth=auth if auth is not None else httpx.USE_CLIENT_DEFAULT)
         except httpx.HTTPError as e:
-            raise RetryableError(f"{type(e).__name__}: {e}") from None
+            raise RetryableError(_scrub(f"{type(e).__name__}: {e}", cfg, secrets)) from None
         if r.status_code == 429 or r.status_code >= 500:
             ra = r.headers.get("Retry-After")
             try:
                 retry_after = float(ra) if ra is not None else None
             except ValueError:
                 retry_after = None  # an HTTP-date: fall back to our own back-off
-            raise RetryableError(f"HTTP {r.status_code}: {r.text[:200].strip()}", retry_after)
+            raise RetryableError(_scrub(f"HTTP {r.status_code}: {r.text[:200].strip()}", cfg, secrets), retry_after)
         if r.status_code >= 300:
-            self.last_error = f"HTTP {r.status_code}: {r.text[:300].strip()}"
+            self.last_error = _scrub(f"HTTP {r.status_code}: {r.text[:300].strip()}", cfg, secrets)
         return r.status_code
 
     def send_one(self, cfg: RemoteWriteConfig) -> float | None:
@@ -341,7 +374,7 @@ class RemoteWriter:
             delay = self._backoff if e.retry_after is None else min(cfg.max_backoff_seconds, max(0.0, e.retry_after))
             if self.retries_total == 1 or self.retries_total % 20 == 0:
                 log.warning("remote_write to %s failed (%s); retrying in %.1fs with %d samples pending",
-                            cfg.url, e, delay, self.pending)
+                            redact_url(cfg.url), e, delay, self.pending)
             return delay * (0.8 + 0.4 * random.random())  # jitter, so a fleet of nodes does not retry in step
         self._backoff = None
         if with_md:
@@ -352,7 +385,7 @@ class RemoteWriter:
             self.last_error = None
         else:
             self.failed_total += len(batch)
-            log.error("remote_write to %s rejected %d samples: %s", cfg.url, len(batch), self.last_error)
+            log.error("remote_write to %s rejected %d samples: %s", redact_url(cfg.url), len(batch), self.last_error)
         with self._lock:
             self.inflight = None
         return 0.0

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
+from typing import Any
 
 EXIT_OK, EXIT_CONFIG = 0, 2
 
@@ -28,6 +30,11 @@ def add_parser(sub, common_args) -> None:
     g.add_argument("--scenario", type=Path, help="scenario JSON file")
     g.add_argument("--generate", metavar="FAMILY", help="print a generated scenario of this family")
     g.add_argument("--schema", action="store_true", help="print the scenario JSON schema")
+    g.add_argument("--calibrate", action="store_true",
+                   help="measure a memory-bandwidth hog beside a memory-bound probe on this machine and compare "
+                        "the model's predicted slowdown with the measured one")
+    p.add_argument("--seconds", type=float, default=3.0, help="--calibrate: seconds per phase (four phases)")
+    p.add_argument("--array-mib", type=int, default=256, help="--calibrate: MiB per streamed array")
     p.add_argument("--rounds", type=int, default=1, help="plan, apply and plan again this many times")
     p.add_argument("--machine", default="xeon-2s-112c-snc2", help="fixture machine for --generate")
     p.add_argument("--containers", type=int, default=50, help="containers for --generate")
@@ -43,6 +50,8 @@ def cmd_rebalance(args: argparse.Namespace) -> int:
     if args.schema:
         print(json.dumps(Scenario.model_json_schema(), indent=2))
         return EXIT_OK
+    if args.calibrate:
+        return cmd_calibrate(args)
     if args.generate:
         from ..topology.fixtures import MACHINES
 
@@ -70,5 +79,43 @@ def cmd_rebalance(args: argparse.Namespace) -> int:
         print(e.render(), file=sys.stderr)
         return EXIT_CONFIG
     plans = [r.plan.model_dump(mode="json") for r in results]
-    print(json.dumps(plans[0] if args.rounds == 1 else {"rounds": plans}, indent=2))
+    print(dumps_finite(plans[0] if args.rounds == 1 else {"rounds": plans}))
     return EXIT_OK
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from ..config import ConfigError, load_config
+    from ..topology import discover
+    from .calibrate import CalibrationError, calibrate
+
+    if not 0 < args.seconds <= 60 or not 16 <= args.array_mib <= 4096:
+        print("cri-resmgr: --seconds must be in (0, 60] and --array-mib in [16, 4096]", file=sys.stderr)
+        return EXIT_CONFIG
+    try:
+        cfg = load_config(args.config, env={})
+    except ConfigError as e:
+        print(e.render(), file=sys.stderr)
+        return EXIT_CONFIG
+    try:
+        result = calibrate(discover(cfg.paths.sysfs), args.seconds, args.array_mib,
+                           weight=cfg.rebalancer.weights.memory_bandwidth)
+    except (ValueError, CalibrationError, OSError) as e:
+        print(f"cri-resmgr: calibration failed: {e}", file=sys.stderr)
+        return 1
+    print(dumps_finite(result.as_dict()))
+    return EXIT_OK
+
+
+def finite(value: Any) -> Any:
+    """``value`` with every non-finite float as null: JSON has no Infinity or NaN (RFC 8259 §6)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(v) for v in value]
+    return value
+
+
+def dumps_finite(value: Any) -> str:
+    return json.dumps(finite(value), indent=2, allow_nan=False)

@@ -2,7 +2,7 @@
 
 Modes (``rebalancer.mode``): ``off`` (nothing runs), ``advise`` (default: plans are computed and shown
 at ``/api/v1/rebalancer/plan``, nothing is applied) and ``enforce`` (moves are applied through a
-:class:`MoveApplier`). The relay (issue #5) implements ``MoveApplier`` with UpdateContainerResources and
+:class:`MoveApplier`). The relay implements ``MoveApplier`` with UpdateContainerResources and
 keeps its cache and shared pool consistent; :class:`CgroupMoveApplier` writes the container cgroup's
 ``cpuset.cpus``/``cpuset.mems`` directly — for extra cgroups, tests, and nodes without the relay (a
 runtime that later updates the container will overwrite it).
@@ -32,8 +32,9 @@ from ..config import RebalancerConfig
 from ..store import Sample, Store
 from ..sysfs import format_cpulist, parse_cpulist, read_text
 from ..topology import Topology
-from .model import NodeModel, Problem
+from .explain import Explanation, move_why
 from .planner import Plan, Planner
+from .problem import NodeModel, Problem
 from .signals import MetadataSource, read_inputs
 
 log = logging.getLogger(__name__)
@@ -54,7 +55,7 @@ class MoveApplier(Protocol):
     this; it must refuse exclusive containers unless configured and record each move."""
 
     def apply(self, container_id: str, cpus: frozenset[int], mems: frozenset[int] | None,
-              reason: str) -> MoveResult: ...
+              reason: str, explanation: Explanation | None = None) -> MoveResult: ...
 
 
 class CgroupMoveApplier:
@@ -82,7 +83,8 @@ class CgroupMoveApplier:
         return layout.cpuset / rel
 
     def apply(self, container_id: str, cpus: frozenset[int], mems: frozenset[int] | None,
-              reason: str) -> MoveResult:
+              reason: str, explanation: Explanation | None = None) -> MoveResult:
+        # A cgroup file has nowhere to keep the explanation: it stays in the round's record.
         rel = self.resolve(container_id)
         if rel is None:
             return MoveResult(False, f"container {container_id} has no known cgroup")
@@ -101,7 +103,8 @@ class CgroupMoveApplier:
         except (OSError, ValueError) as e:
             return MoveResult(False, f"{type(e).__name__}: {e}")
         if now != cpus:
-            return MoveResult(False, f"cpuset.cpus reads back {format_cpulist(now)}, wanted {format_cpulist(cpus)}", now)
+            return MoveResult(False, f"cpuset.cpus reads back {format_cpulist(now)}, wanted {format_cpulist(cpus)}",
+                              now)
         return MoveResult(True, None, now)
 
 
@@ -195,7 +198,7 @@ class Rebalancer:
                                         "(set rebalancer.applier: cgroup to write cgroups directly)")
             else:
                 res = applier.apply(m.container_id, parse_cpulist(m.to_cpus), parse_cpulist(m.to_mems) or None,
-                                    m.reason)
+                                    move_why(m.reason, m.separates), Explanation.of(m.gain_by_term, m.separates))
             if res.ok:
                 self.last_moved[m.container_id] = now
             else:

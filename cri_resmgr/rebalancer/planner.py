@@ -1,24 +1,29 @@
 """Planner: moves whose predicted gain pays for their migration.
 
-Greedy descent on ``J = H × I + (1 + gain_margin) × M`` (H = ``amortization_seconds``, I the
+Best-improvement descent on ``J = H × I + (1 + gain_margin) × M`` (H = ``amortization_seconds``, I the
 interference rate, M the migration cost of the containers moved so far, from their original place):
 
 1. *Single moves.* Every (movable container, candidate) pair is scored as ``−H × ΔI − (1 + margin) ×
    ΔM``. Rows are visited in the order of an upper bound of their best score (from each term's
-   ``min_delta``) and the scan stops when no remaining row can beat the best found: the choice is
-   the exact best single move without evaluating every row. The best is taken if its score exceeds
-   ``min_net_gain``.
-2. *Pair moves.* Bilinear terms have plateaus: moving one AVX512 container out of a pool where scalar
-   work is spread evenly gains nothing until scalar work leaves its new place too. When no single
-   move pays, the strongest interfering pairs (from the terms' ``pairs``) are tried as two
-   consecutive moves, and the best pair is taken if together they pay.
+   ``min_delta``; on very large problems also their last evaluated score, lazily) and the scan stops
+   when no remaining row can beat the best found.
+2. *Pairs* (swaps and two-move chains). Bilinear terms have plateaus — moving one AVX512 container out
+   of a pool where scalar work is spread evenly gains nothing until scalar work leaves its new place
+   too — and some moves pay only after another makes room. On small problems a pair is looked for at
+   every step (every row, its best destinations of distinct score, then the best second move) and
+   taken when it beats the best single move followed by the best move after it; on large problems
+   when no single move pays.
+3. *Replacements.* With the move budget spent, a moved container may go home and free its move for
+   another (a pair whose first move is the return): a binding ``max_moves_per_round`` is not left to
+   the greedy's first, myopic choices. Small problems also restart from their best first moves.
 
-Every accepted step lowers ``J`` by more than ``min_net_gain``, so there are finitely many, no cycle is
-possible, and the plan is never worse than doing nothing: ``H × I(after) + M ≤ H × I(before)``.
+Every accepted step (or pair) lowers ``J`` by more than ``min_net_gain``, so there are finitely many,
+no cycle is possible, and the plan is never worse than doing nothing: ``H × I(after) + M ≤ H × I(before)``.
 Hysteresis is the margin and the minimum gain; containers in cool-down, exclusive ones (unless
 ``move_exclusive``) and opted-out ones do not move; at most ``max_moves_per_round`` containers move.
 A container may be moved twice within a round (its migration is counted once, from where it was).
-The order of containers is their id, all ties break by position: the same input gives the same plan.
+The order of containers is their id, all ties break by position, and every limit counts work, not
+time: the same input gives the same plan.
 """
 
 from __future__ import annotations
@@ -29,17 +34,23 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from pydantic import BaseModel
+from threadpoolctl import ThreadpoolController
 
 from ..config import RebalancerConfig
 from ..sysfs import format_cpulist
-from .model import CostModel, Problem, State
+from .explain import Separation, separations
+from .model import CostModel
+from .problem import Problem, State
 
 CHUNK = 48  # rows evaluated together when scanning in bound order
 PAIRS = 4  # strongest bilinear pairs whose members are tried as first moves
 FIRST_MOVES = 12  # rows tried as the first of two moves when no single move pays
-PAIR_FIRST = 2  # destinations tried per first move
-PAIR_TRIALS = 8  # first moves (row, destination) tried per pair phase ...
-PAIR_TRIALS_SMALL = 48  # ... and on small problems
+PAIR_FIRST = 2  # destinations tried per first move on large problems
+PAIR_FIRST_SMALL = 6  # ... and on small problems
+REPLACE_TRIALS = 4  # large problems: weakest moves tried as replacements once the budget is spent
+MULTI_START = 3  # small problems: first moves the search starts again from
+PAIR_WORK = 150000  # movable² × candidates (the work of one pair search) up to which a problem is small
+LAZY_WORK = 40000  # movable × candidates above which rows are scanned lazily (see _Search.hint)
 BEAM_MAX = 4  # widest beam of move sequences
 BEAM_WORK = 4000  # (movable containers × candidates) below which the beam widens
 
@@ -66,6 +77,8 @@ class MoveModel(BaseModel):
     destination: str  # the topology node moved to, e.g. "package 1/numa 2"
     reason: str
     reasons: dict[str, float]  # term -> change of its cost per second (negative: better)
+    gain_by_term: dict[str, float] = {}  # term -> predicted gain over amortization_seconds (positive: better)
+    separates: list[Separation] = []  # the victim/antagonist pairs the move separates, largest first
     gain_per_second: float
     predicted_gain: float  # gain_per_second × amortization_seconds
     migration_cost: float
@@ -108,10 +121,24 @@ class _Search:
     placed: np.ndarray  # per len(mov): candidate index, or -1 for the original placement
     steps: list[_Step] = field(default_factory=list)
     value: float = 0.0  # sum of the scores of the steps taken
+    # Large problems: per row, its best score when last evaluated (+inf: not since the last move near
+    # it). Rows are scanned in the order of min(bound, hint): lazy, as in lazy greedy.
+    hint: np.ndarray | None = None
 
     def clone(self) -> _Search:
         return _Search(self.prob, self.st.copy(), self.mov, self.mig, self.valid, self.min_mig,
-                       self.placed.copy(), list(self.steps), self.value)
+                       self.placed.copy(), list(self.steps), self.value,
+                       None if self.hint is None else self.hint.copy())
+
+
+_CONTROLLER: ThreadpoolController | None = None
+
+
+def _blas() -> ThreadpoolController:
+    global _CONTROLLER
+    if _CONTROLLER is None:
+        _CONTROLLER = ThreadpoolController()
+    return _CONTROLLER
 
 
 class Planner:
@@ -121,6 +148,12 @@ class Planner:
 
     # -- public --------------------------------------------------------------------------------------
     def plan(self, prob: Problem, missing_signals: list[str] | None = None) -> Plan:
+        # The search does many small matrix products: a threaded BLAS spends more CPU coordinating its
+        # threads than computing (on a loaded 2-CPU node, ~2x the CPU time of one thread).
+        with _blas().limit(limits=1, user_api="blas"):
+            return self._plan(prob, missing_signals)
+
+    def _plan(self, prob: Problem, missing_signals: list[str] | None) -> Plan:
         t0 = time.perf_counter()
         st = State(prob)
         before = self.model.evaluate(st)
@@ -148,7 +181,7 @@ class Planner:
     def _beam_width(self, prob: Problem) -> int:
         """Plain greedy on big problems; a small beam where a round is cheap. Work-based, not
         time-based, so the plan stays deterministic."""
-        work = max(1, int(prob.movable.sum()) * prob.cand.n)
+        work = max(1, int(prob.movable.sum()) * prob.cands.n)
         return int(max(1, min(BEAM_MAX, BEAM_WORK // work)))
 
     def _search(self, prob: Problem, st: State) -> _Search:
@@ -161,12 +194,34 @@ class Planner:
         mig[has_home, home[has_home]] = 0.0
         min_mig = np.where(valid, mig, np.inf).min(axis=1)
         root = _Search(prob, st, mov, mig, valid, min_mig, np.full(len(mov), -1))
+        if len(mov) * prob.cands.n > LAZY_WORK:
+            root.hint = np.full(len(mov), np.inf)
         limit = self.cfg.max_moves_per_round
+        best = self._descend(root, limit)
+        if self._small(prob):
+            # Multi-start: the greedy's first choice fixes much of what follows (which package the
+            # AVX512 work goes to, which node a hog leaves for); on small problems descend again from
+            # each of the best first moves, paying or not, and keep the best plan.
+            for first in self._top_singles(root, self._allowed(root, limit), -np.inf, MULTI_START + 1):
+                if best.steps and (first.row, first.cand) == (best.steps[0].row, best.steps[0].cand):
+                    continue
+                start = root.clone()
+                self._apply(start, first)
+                other = self._descend(start, limit, pairs_every_step=False)
+                # The forced first move need not pay by itself; the plan must, by min_net_gain a step.
+                if other.value > best.value + 1e-12 and other.value > self.cfg.min_net_gain * len(other.steps):
+                    best = other
+        return best
+
+    def _descend(self, root: _Search, limit: int, pairs_every_step: bool = True) -> _Search:
+        """Beam search over single and pair moves from ``root``, then local improvement."""
+        prob = root.prob
         width = self._beam_width(prob)
+        small = self._small(prob)
+        pairs_every_step = pairs_every_step and small
         beam, best = [root], root
         for _ in range(4 * limit + 8):
             children: list[_Search] = []
-            stuck: list[tuple[_Search, np.ndarray, dict[int, float]]] = []
             for b in beam:
                 allowed = self._allowed(b, limit)
                 if len(allowed) == 0:
@@ -174,31 +229,62 @@ class Planner:
                 seen: dict[int, float] = {}
                 steps = self._top_singles(b, allowed, self.cfg.min_net_gain, width, seen)
                 for step in steps:
-                    c = b if width == 1 else b.clone()
+                    c = b if width == 1 and not small else b.clone()
                     self._apply(c, step)
                     children.append(c)
-                if not steps:
-                    stuck.append((b, allowed, seen))
-            if not children and stuck:
-                # No single move pays anywhere in the beam: look for a pair from its best state.
-                b, allowed, seen = stuck[0]
+                # Best improvement over singles and pairs: a pair is looked for on every step of a
+                # small problem, and on a large one when no single move pays. It is taken when it
+                # beats the best single followed by the best move after it (both use two moves).
+                if steps and not pairs_every_step:
+                    continue
                 pair = self._best_pair(b, allowed, limit, seen)
-                if pair is not None:
-                    c = b if width == 1 else b.clone()
-                    self._apply(c, pair[0])
-                    self._apply(c, pair[1])
-                    children.append(c)
+                if pair is None:
+                    continue
+                if steps:
+                    two = children[-len(steps)]
+                    follow = self._best_single(two, self._allowed(two, limit), self.cfg.min_net_gain)
+                    if pair[0].score + pair[1].score <= steps[0].score + (follow.score if follow else 0.0):
+                        continue
+                c = b.clone()
+                self._apply(c, pair[0])
+                self._apply(c, pair[1])
+                children.append(c)
             if not children:
                 break
-            uniq: dict[bytes, _Search] = {}
-            for c in children:
-                key = c.placed.tobytes()
-                if key not in uniq or c.value > uniq[key].value:
-                    uniq[key] = c
-            beam = sorted(uniq.values(), key=lambda c: (-c.value, c.placed.tobytes()))[:width]
+            beam = self._select(children, width)
             if beam[0].value > best.value:
                 best = beam[0]
-        return best
+        return self._improve(best.clone() if best is root else best, limit)
+
+    @staticmethod
+    def _select(children: list[_Search], width: int) -> list[_Search]:
+        uniq: dict[bytes, _Search] = {}
+        for c in children:
+            key = c.placed.tobytes()
+            if key not in uniq or c.value > uniq[key].value:
+                uniq[key] = c
+        return sorted(uniq.values(), key=lambda c: (-c.value, c.placed.tobytes()))[:width]
+
+    def _improve(self, s: _Search, limit: int) -> _Search:
+        """Local search from the best plan found: with the move budget spent, the steps left are a moved
+        container going elsewhere or home, and *replacements* — one moved container goes home and
+        another moves instead (a pair whose first move frees the budget its second uses). Each accepted
+        step lowers ``J``; the loop ends when none does."""
+        for _ in range(2 * limit + 4):
+            allowed = self._allowed(s, limit)
+            if len(allowed) == 0:
+                break
+            seen: dict[int, float] = {}
+            step = self._top_singles(s, allowed, self.cfg.min_net_gain, 1, seen)
+            if step:
+                self._apply(s, step[0])
+                continue
+            pair = self._best_pair(s, allowed, limit, seen, replacements=True)
+            if pair is None:
+                break
+            self._apply(s, pair[0])
+            self._apply(s, pair[1])
+        return s
 
     def _moved(self, s: _Search) -> np.ndarray:
         return s.placed >= 0
@@ -242,12 +328,16 @@ class Planner:
         remaining row can enter the result. ``seen`` receives the best score of every row evaluated;
         when it is asked for, at least the first chunk is evaluated."""
         H, m = self.cfg.amortization_seconds, self.cfg.gain_margin
-        rows = s.mov[ks]
-        lb = np.zeros(len(ks))
-        for t in self.model.active_terms(s.prob):
-            lb += t.min_delta(s.prob, s.st, rows)
-        min_mig = np.where(s.placed[ks] >= 0, 0.0, s.min_mig[ks])  # a moved row may go home for free
-        ub = -H * lb - (1.0 + m) * (min_mig - self._mcur(s, ks))
+        if len(ks) <= CHUNK:
+            ub = np.full(len(ks), np.inf)  # one chunk: evaluated whole, no bound needed
+        else:
+            lb = np.zeros(len(ks))
+            for t in self.model.active_terms(s.prob):
+                lb += t.min_delta(s.prob, s.st, s.mov[ks])
+            min_mig = np.where(s.placed[ks] >= 0, 0.0, s.min_mig[ks])  # a moved row may go home for free
+            ub = -H * lb - (1.0 + m) * (min_mig - self._mcur(s, ks))
+        if s.hint is not None:
+            ub = np.minimum(ub, s.hint[ks])
         order = np.argsort(-ub, kind="stable")
         top: list[_Step] = []
 
@@ -260,14 +350,13 @@ class Planner:
                 break
             kk = ks[chunk]
             score, parts = self._scores(s, kk)
+            if s.hint is not None:
+                s.hint[kk] = score.max(axis=1)
             if seen is not None:
-                for k, v in zip(kk, score.max(axis=1)):
+                for k, v in zip(kk, score.max(axis=1), strict=True):
                     seen[int(k)] = float(v)
             flat = score.ravel()
-            if count == 1:
-                picks = [int(np.argmax(flat))]
-            else:
-                picks = np.argsort(-flat, kind="stable")[:count].tolist()
+            picks = [int(np.argmax(flat))] if count == 1 else np.argsort(-flat, kind="stable")[:count].tolist()
             for f in picks:
                 r, c = divmod(f, score.shape[1])
                 v = float(score[r, c])
@@ -312,31 +401,58 @@ class Planner:
         return list(dict.fromkeys(out))[:FIRST_MOVES]
 
     def _small(self, prob: Problem) -> bool:
-        return int(prob.movable.sum()) * prob.cand.n <= BEAM_WORK
+        """Small: a pair search over every row is cheap (each first move is followed by a scan of
+        every row over every candidate), so pairs are looked for at every step, from several starts."""
+        k = int(prob.movable.sum())
+        return k * k * prob.cands.n <= PAIR_WORK
 
-    def _best_pair(self, s: _Search, ks: np.ndarray, limit: int,
-                   seen: dict[int, float]) -> tuple[_Step, _Step] | None:
-        """Two consecutive moves that pay together though no single one does."""
+    def _best_pair(self, s: _Search, ks: np.ndarray, limit: int, seen: dict[int, float],
+                   replacements: bool = False) -> tuple[_Step, _Step] | None:
+        """Two consecutive moves that together gain the most (above ``min_net_gain``).
+
+        First moves: on small problems every (row, destination); on large ones the rows of
+        :meth:`_first_moves`, each with its ``PAIR_FIRST`` best destinations (so no row uses up the
+        trials of the others). With the budget spent, first moves are those of moved rows — home
+        (freeing the budget for another container: a replacement) or elsewhere."""
         free = limit - int(self._moved(s).sum())
         best: tuple[_Step, _Step] | None = None
-        trials = PAIR_TRIALS_SMALL if self._small(s.prob) else PAIR_TRIALS
-        for first in self._first_moves(s, ks, seen):
-            if s.placed[first] < 0 and free < 1:
-                continue
-            sc, parts = self._scores(s, np.array([first]))
-            dests = sc.shape[1] if self._small(s.prob) else PAIR_FIRST
-            for c1 in np.argsort(-sc[0], kind="stable")[:dests]:
-                if not np.isfinite(sc[0, c1]) or trials <= 0:
+        small = self._small(s.prob)
+        firsts = self._first_moves(s, ks, seen)
+        if replacements or free < 1:
+            firsts = [k for k in firsts if s.placed[k] >= 0] + ([k for k in firsts if s.placed[k] < 0] if free else [])
+        home_only = replacements and not small
+        if home_only:
+            # Large problems: replace the weakest moves only — each goes home, its move goes elsewhere.
+            worth: dict[int, float] = {}
+            for step in s.steps:
+                worth[step.row] = worth.get(step.row, 0.0) + step.score
+            firsts = sorted((k for k in firsts if s.prob.current[s.mov[k]] >= 0), key=lambda k: (worth.get(k, 0.0), k))
+            firsts = firsts[:REPLACE_TRIALS]
+        if not firsts:
+            return None
+        sc, parts = self._scores(s, np.array(firsts))
+        dests = PAIR_FIRST_SMALL if small else PAIR_FIRST
+        for r, first in enumerate(firsts):
+            # Destinations of distinct scores: interchangeable candidates (the cores of one idle NUMA
+            # node) score the same, and trying each would spend the trials on one idea.
+            order = np.argsort(-sc[r], kind="stable")
+            v = np.where(np.isfinite(sc[r][order]), sc[r][order], -1e300)  # invalid ones sort last
+            uniq = np.r_[True, np.abs(np.diff(v)) > 1e-9 * (1.0 + np.abs(v[1:]))]
+            order = order[uniq[: len(order)]][:dests] if len(order) else order
+            if home_only:
+                order = np.array([s.prob.current[s.mov[first]]])
+            for c1 in order:
+                v1 = float(sc[r, c1])
+                if not np.isfinite(v1):
                     break
-                trials -= 1
-                step1 = _Step(first, int(c1), float(sc[0, c1]), {n: float(v[0, c1]) for n, v in parts.items()})
+                step1 = _Step(first, int(c1), v1, {n: float(v[r, c1]) for n, v in parts.items()})
                 saved = (s.st.F.copy(), s.st.S[s.mov[first]].copy(), int(s.placed[first]))
                 self._place(s, first, int(c1))
                 rest = self._allowed(s, limit)
                 rest = rest[rest != first]
-                need = self.cfg.min_net_gain - step1.score
+                need = self.cfg.min_net_gain - v1
                 if best is not None:
-                    need = max(need, best[0].score + best[1].score - step1.score)
+                    need = max(need, best[0].score + best[1].score - v1)
                 step2 = self._best_single(s, rest, need) if len(rest) else None
                 s.st.F[:] = saved[0]
                 s.st.S[s.mov[first]] = saved[1]
@@ -349,11 +465,13 @@ class Planner:
     def _place(self, s: _Search, k: int, c: int) -> None:
         i = s.mov[k]
         home = s.prob.current[i]
+        if s.hint is not None:
+            s.hint[k] = np.inf
         if c == home:
             s.st.set_row(i, s.prob.S0[i].copy())
             s.placed[k] = -1
         else:
-            s.st.set_row(i, s.prob.cand.row(c))
+            s.st.set_row(i, s.prob.cands.row(c))
             s.placed[k] = c
 
     def _apply(self, s: _Search, step: _Step) -> None:
@@ -378,6 +496,8 @@ class Planner:
             better = sorted((v, n) for n, v in parts_of.get(k, {}).items() if v < -1e-12)
             return "; ".join(f"{summaries.get(n, n)} ({v:+.3g}/s)" for v, n in better)
 
+        moved = [int(s.mov[k]) for k in np.flatnonzero(s.placed >= 0)]
+        pairs = separations(prob, self.model, s.st.S, moved)
         out = []
         for k in np.flatnonzero(s.placed >= 0):
             i = int(s.mov[k])
@@ -388,15 +508,16 @@ class Planner:
             if not reason and int(k) in enables:
                 other = prob.containers[int(s.mov[enables[int(k)]])]
                 reason = f"makes room for {other.name or other.id}: {why(enables[int(k)]) or 'a better placement'}"
-            pos = prob.cand.positions(c)
-            mb = self.model.migration.single(prob, i, prob.S0[i], prob.cand.row(c))
+            pos = prob.cands.positions(c)
+            mb = self.model.migration.single(prob, i, prob.S0[i], prob.cands.row(c))
             ci = prob.containers[i]
             out.append(MoveModel(
                 container_id=ci.id, name=ci.name, namespace=ci.namespace, pod=ci.pod,
                 from_cpus=format_cpulist(ci.cpuset), to_cpus=format_cpulist(prob.node.cpus_of(pos)),
-                to_mems=format_cpulist(prob.node.mems_of(pos)), destination=prob.cand.labels[c],
+                to_mems=format_cpulist(prob.node.mems_of(pos)), destination=prob.cands.labels[c],
                 reason=reason or "rebalances load", reasons={n: round(v, 12) for n, v in sorted(parts.items())},
-                gain_per_second=gain, predicted_gain=gain * H, migration_cost=mb.total,
+                gain_by_term={n: round(-v * H, 9) for n, v in sorted(parts.items()) if abs(v) > 1e-12},
+                separates=pairs[i], gain_per_second=gain, predicted_gain=gain * H, migration_cost=mb.total,
                 migration=MigrationModel(disruption=mb.disruption, rewarm=mb.rewarm, remote_memory=mb.remote_memory),
             ))
         return sorted(out, key=lambda m: m.container_id)

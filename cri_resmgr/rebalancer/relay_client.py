@@ -1,4 +1,4 @@
-"""The relay's move API and container cache (issue #5) as the rebalancer's :class:`MoveApplier` and
+"""The relay's move API and container cache as the rebalancer's :class:`MoveApplier` and
 :class:`MetadataSource`, over the relay's control socket (:mod:`cri_resmgr.relay.control`)."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ..sysfs import format_cpulist, parse_cpulist
 from .executor import MoveResult
+from .explain import Explanation
 from .signals import ContainerMetadata
 
 log = logging.getLogger(__name__)
@@ -21,12 +22,15 @@ class RelayMoveApplier:
     def __init__(self, client):
         self.client = client  # cri_resmgr.relay.control.ControlClient
 
-    def apply(self, container_id: str, cpus: frozenset[int], mems: frozenset[int] | None, reason: str) -> MoveResult:
+    def apply(self, container_id: str, cpus: frozenset[int], mems: frozenset[int] | None, reason: str,
+              explanation: Explanation | None = None) -> MoveResult:
         import grpc
 
+        ex = explanation or Explanation()
         try:
             rec = self.client.move(container_id, format_cpulist(cpus), format_cpulist(mems) if mems else None,
-                                   who="rebalancer", why=reason)
+                                   who="rebalancer", why=reason, gain_by_term=ex.gain_by_term,
+                                   separates=ex.separates)
         except grpc.RpcError as e:
             return MoveResult(False, f"relay control socket: {e.code().name}: {e.details()}")
         if rec.result != "applied":

@@ -26,10 +26,12 @@ field, as ``containers.3.cpuset: ...``.
 from __future__ import annotations
 
 import json
+import math
+import re
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -38,7 +40,7 @@ from ..sysfs import format_cpulist, parse_cpulist
 from ..topology import Cache, Cpu, NumaNode, Topology
 from ..topology.fixtures import MACHINES, MachineSpec
 from ..topology.sst import classify_cpus as sst_classify_cpus
-from .model import ContainerInput, NodeModel
+from .problem import ContainerInput, NodeModel
 
 
 class ScenarioError(Exception):
@@ -55,6 +57,9 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+_M = TypeVar("_M", bound=_Strict)
+
+
 class ScenarioCpu(_Strict):
     id: int = Field(ge=0)
     core: int = Field(ge=0, description="node-unique core number; threads of one core share it")
@@ -62,16 +67,18 @@ class ScenarioCpu(_Strict):
     package: int = Field(0, ge=0)
     numa_node: int = Field(0, ge=0)
     l3: int | None = Field(0, ge=0, description="L3 domain id; null when the CPU has no L3")
-    base_frequency_hz: float | None = Field(None, gt=0, description="SST-BF: higher on high-priority cores")
+    base_frequency_hz: float | None = Field(None, gt=0, allow_inf_nan=False,
+                                            description="SST-BF: higher on high-priority cores")
     isolated: bool = False
 
 
 class ScenarioTopology(_Strict):
     fixture: str | None = Field(None, description="a machine name from topology/fixtures.py MACHINES")
     cpus: list[ScenarioCpu] | None = Field(None, min_length=1)
-    l3_size_bytes: int | dict[int, int] = Field(32 * 2**20, description="explicit CPUs: one size or per L3 id")
-    numa_distances: dict[int, dict[int, int]] | None = Field(
-        None, description="explicit CPUs: SLIT distances (10 local); default 10 local, 21 remote")
+    l3_size_bytes: Annotated[int, Field(gt=0)] | dict[int, Annotated[int, Field(gt=0)]] = Field(
+        32 * 2**20, description="explicit CPUs: one size or per L3 id")
+    numa_distances: dict[int, dict[int, Annotated[int, Field(ge=10)]]] | None = Field(
+        None, description="explicit CPUs: SLIT distances (10 local, larger remote); default 10 local, 21 remote")
 
     @field_validator("fixture")
     @classmethod
@@ -91,17 +98,22 @@ class ScenarioTopology(_Strict):
         return self
 
 
+Positive = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+
+
 class Capacities(_Strict):
-    numa_bandwidth_bytes_per_second: float | dict[int, float] | None = Field(
-        None, description="one value or per NUMA node; default rebalancer.numa_bandwidth_bytes_per_second")
-    l3_bandwidth_bytes_per_second: float | dict[int, float] | None = None
+    numa_bandwidth_bytes_per_second: Positive | dict[int, Positive] | None = Field(
+        None, description="one value or per NUMA node (nodes not named: rebalancer.numa_bandwidth_bytes_per_second)")
+    l3_bandwidth_bytes_per_second: Positive | dict[int, Positive] | None = Field(
+        None, description="one value or per L3 id (domains not named: rebalancer.l3_bandwidth_bytes_per_second)")
 
 
 class Features(_Strict):
     avx512_ratio: float = Field(0.0, ge=0, le=1)
-    llc_misses_per_second: float = Field(0.0, ge=0)
-    memory_bandwidth_bytes_per_second: float | None = Field(None, ge=0, description="null: LLC misses × 64")
-    llc_occupancy_bytes: float = Field(0.0, ge=0)
+    llc_misses_per_second: float = Field(0.0, ge=0, allow_inf_nan=False)
+    memory_bandwidth_bytes_per_second: float | None = Field(None, ge=0, allow_inf_nan=False,
+                                                            description="null: LLC misses × 64")
+    llc_occupancy_bytes: float = Field(0.0, ge=0, allow_inf_nan=False)
 
 
 class ScenarioContainer(_Strict):
@@ -110,13 +122,13 @@ class ScenarioContainer(_Strict):
     namespace: str = ""
     pod: str = ""
     qos: Literal["Guaranteed", "Burstable", "BestEffort", ""] = "Burstable"
-    cpu_request: float = Field(0.0, ge=0, description="CPUs")
-    cpu_usage: float = Field(0.0, ge=0, description="CPUs (average over the recent window)")
+    cpu_request: float = Field(0.0, ge=0, allow_inf_nan=False, description="CPUs")
+    cpu_usage: float = Field(0.0, ge=0, allow_inf_nan=False, description="CPUs (average over the recent window)")
     cpuset: str = Field(description="current cpu list, e.g. 0-55,112-167")
     features: Features = Field(default_factory=Features)
     annotations: dict[str, str] = Field(default_factory=dict)
     exclusive: bool | None = None
-    moved_seconds_ago: float | None = Field(None, ge=0, description="for the cool-down")
+    moved_seconds_ago: float | None = Field(None, ge=0, allow_inf_nan=False, description="for the cool-down")
 
     @field_validator("cpuset")
     @classmethod
@@ -149,13 +161,15 @@ class Scenario(_Strict):
             raise ScenarioError(_format_errors(e, prefix="rebalancer.")) from None
 
     def node_model(self, cfg: RebalancerConfig, topo: Topology | None = None) -> NodeModel:
+        """The node's model; capacities a per-id map leaves out take the configuration's value."""
+        topo = topo or self.build_topology()
         c = self.capacities
-        numa_bw = c.numa_bandwidth_bytes_per_second
-        l3_bw = c.l3_bandwidth_bytes_per_second
+        numa_ids = sorted(topo.numa_nodes) or sorted({cpu.numa_node for cpu in topo.cpus.values()})
+        l3_ids = sorted({cpu.l3_id for cpu in topo.cpus.values() if cpu.l3_id is not None})
         return NodeModel.from_topology(
-            topo or self.build_topology(),
-            numa_bandwidth=cfg.numa_bandwidth_bytes_per_second if numa_bw is None else numa_bw,
-            l3_bandwidth=cfg.l3_bandwidth_bytes_per_second if l3_bw is None else l3_bw,
+            topo,
+            numa_bandwidth=_filled(c.numa_bandwidth_bytes_per_second, numa_ids, cfg.numa_bandwidth_bytes_per_second),
+            l3_bandwidth=_filled(c.l3_bandwidth_bytes_per_second, l3_ids, cfg.l3_bandwidth_bytes_per_second),
         )
 
     def inputs(self, now: float = 0.0) -> list[ContainerInput]:
@@ -172,12 +186,63 @@ class Scenario(_Strict):
         ]
 
 
-def check_semantics(sc: Scenario, topo: Topology) -> list[str]:
-    """Problems a schema cannot see: cpusets outside the topology, repeated ids."""
+def _filled(given: float | dict[int, float] | None, ids: list[int], default: float | None) -> Any:
+    if given is None:
+        return default
+    if isinstance(given, dict):
+        return {i: given.get(i, math.inf if default is None else default) for i in ids}
+    return given
+
+
+def check_topology(t: ScenarioTopology, caps: Capacities | None) -> list[str]:
+    """Problems of explicit CPUs a schema cannot see: a core split across packages, dies, NUMA nodes or
+    L3 domains (its threads share them), and ids in per-id maps that name nothing."""
+    problems: list[str] = []
+    cpus = t.cpus or []
+    first: dict[int, int] = {}
+    for i, c in enumerate(cpus):
+        j = first.setdefault(c.core, i)
+        if j == i:
+            continue
+        o = cpus[j]
+        for name in ("package", "die", "numa_node", "l3"):
+            if getattr(c, name) != getattr(o, name):
+                problems.append(f"topology.cpus.{i}.{name}: core {c.core} is split: {name} {getattr(c, name)} here, "
+                                f"{getattr(o, name)} on topology.cpus.{j} (the threads of a core share it)")
+    numa_ids = {c.numa_node for c in cpus}
+    l3_ids = {c.l3 for c in cpus if c.l3 is not None}
+    if t.fixture is not None:
+        topo = topology_from_spec(MACHINES[t.fixture])
+        numa_ids = set(topo.numa_nodes)
+        l3_ids = {c.l3_id for c in topo.cpus.values() if c.l3_id is not None}
+    if isinstance(t.l3_size_bytes, dict):
+        problems += _unknown_ids("topology.l3_size_bytes", t.l3_size_bytes, l3_ids, "L3 id")
+    for a, row in (t.numa_distances or {}).items():
+        problems += _unknown_ids("topology.numa_distances", {a: 0}, numa_ids, "NUMA node")
+        problems += _unknown_ids(f"topology.numa_distances.{a}", row, numa_ids, "NUMA node")
+        if a in row and row[a] != 10:
+            problems.append(f"topology.numa_distances.{a}.{a}: a node's distance to itself is 10 (got {row[a]})")
+    if caps is None:
+        return problems
+    if isinstance(caps.numa_bandwidth_bytes_per_second, dict):
+        problems += _unknown_ids("capacities.numa_bandwidth_bytes_per_second", caps.numa_bandwidth_bytes_per_second,
+                                 numa_ids, "NUMA node")
+    if isinstance(caps.l3_bandwidth_bytes_per_second, dict):
+        problems += _unknown_ids("capacities.l3_bandwidth_bytes_per_second", caps.l3_bandwidth_bytes_per_second,
+                                 l3_ids, "L3 id")
+    return problems
+
+
+def _unknown_ids(path: str, given: Mapping[int, Any], known: set[int], what: str) -> list[str]:
+    return [f"{path}.{k}: no {what} {k} in the topology (it has {format_cpulist(known) or 'none'})"
+            for k in sorted(given) if k not in known]
+
+
+def check_semantics(containers: list[tuple[int, ScenarioContainer]], online: frozenset[int]) -> list[str]:
+    """Problems a schema cannot see: cpusets outside the topology's CPUs, repeated ids."""
     problems = []
-    online = frozenset(topo.cpus)
     seen: dict[str, int] = {}
-    for i, c in enumerate(sc.containers):
+    for i, c in containers:
         if c.id in seen:
             problems.append(f"containers.{i}.id: {c.id!r} repeats containers.{seen[c.id]}.id")
         seen.setdefault(c.id, i)
@@ -189,20 +254,86 @@ def check_semantics(sc: Scenario, topo: Topology) -> list[str]:
 
 
 def parse_scenario(data: Any, source: str = "scenario") -> Scenario:
+    """The scenario, or a :class:`ScenarioError` naming every problem (schema and semantics) by its
+    field path. When the schema fails, the semantic checks still run on the parts that validate on
+    their own, so one run reports everything."""
     if not isinstance(data, Mapping):
         raise ScenarioError([f"<root>: expected an object, got {type(data).__name__}"], source)
+    sc: Scenario | None = None
+    problems: list[str] = []
     try:
         sc = Scenario.model_validate(data)
     except ValidationError as e:
-        raise ScenarioError(_format_errors(e), source) from None
-    problems = check_semantics(sc, sc.build_topology())
-    try:
-        sc.config()  # the rebalancer overrides must validate too
-    except ScenarioError as e:
-        problems += e.problems
+        problems += scenario_errors(e)
+    if sc is not None:
+        topo: ScenarioTopology | None = sc.topology
+        caps: Capacities | None = sc.capacities
+        containers = list(enumerate(sc.containers))
+    else:
+        topo = _part(ScenarioTopology, data.get("topology"))
+        caps = _part(Capacities, data.get("capacities", {}))
+        raw = data.get("containers")
+        parts = [(i, _part(ScenarioContainer, c)) for i, c in enumerate(raw)] if isinstance(raw, list) else []
+        containers = [(i, c) for i, c in parts if c is not None]
+    if topo is not None:
+        problems += check_topology(topo, caps)
+        online = (frozenset(c.id for c in topo.cpus) if topo.cpus is not None
+                  else frozenset(topology_from_spec(MACHINES[topo.fixture or ""]).cpus))
+        problems += check_semantics(containers, online)
+    overrides = data.get("rebalancer", {})
+    if isinstance(overrides, Mapping):
+        try:  # the rebalancer overrides must validate too
+            cfg = _config_of(dict(overrides))
+        except ScenarioError as e:
+            problems += e.problems
+        else:
+            if sc is not None and not problems:
+                try:
+                    sc.node_model(cfg)
+                except ValueError as e:  # what the model itself refuses
+                    problems.append(f"topology: {e}")
     if problems:
         raise ScenarioError(problems, source)
+    assert sc is not None
     return sc
+
+
+def _config_of(overrides: dict[str, Any]) -> RebalancerConfig:
+    try:
+        return RebalancerConfig.model_validate(_deep_merge(RebalancerConfig().model_dump(), overrides))
+    except ValidationError as e:
+        raise ScenarioError(_format_errors(e, prefix="rebalancer.")) from None
+
+
+def _part(model: type[_M], raw: Any) -> _M | None:
+    try:
+        return model.model_validate(raw)
+    except ValidationError:
+        return None
+
+
+# Union members Pydantic names in an error's location ("constrained-float", "dict[int,...]"): not fields.
+_UNION_TAG = re.compile(r"^(constrained-\w+|float|int|str|bool|none|dict\[.*\]|list\[.*\])$")
+_WRONG_MEMBER = {"float_type", "float_parsing", "int_type", "int_parsing", "dict_type", "list_type"}
+
+
+def scenario_errors(err: ValidationError) -> list[str]:
+    """Pydantic's errors as ``field.path: message``, union members folded into their field: of the
+    errors one field's union gives, those that only say the value is not of a member's type are
+    dropped when another says more."""
+    by_field: dict[str, list[tuple[str, str]]] = {}
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"] if not (isinstance(p, str) and _UNION_TAG.match(p))) or "<root>"
+        msg = "unknown key" if e["type"] == "extra_forbidden" else e["msg"]
+        if e["type"] != "extra_forbidden" and "input" in e and not isinstance(e["input"], (dict, list)):
+            msg = f"{msg} (got {e['input']!r})"
+        by_field.setdefault(loc, []).append((e["type"], msg))
+    out = []
+    for loc, errs in by_field.items():
+        deeper = any(other.startswith(loc + ".") for other in by_field)  # a member that matched says more
+        telling = [m for t, m in errs if t not in _WRONG_MEMBER] or ([] if deeper else [m for _, m in errs])
+        out += [f"{loc}: {m}" for m in dict.fromkeys(telling)]
+    return out
 
 
 def load_scenario(path: Path) -> Scenario:
@@ -241,7 +372,8 @@ def topology_from_spec(spec: MachineSpec) -> Topology:
     cpus = _with_sst_bf(cpus)
     l3: dict[int, set[int]] = {}
     for c in cpus.values():
-        l3.setdefault(c.l3_id, set()).add(c.id)
+        if c.l3_id is not None:
+            l3.setdefault(c.l3_id, set()).add(c.id)
     caches = [Cache(3, "Unified", spec.l3_kib_per_domain * 1024, i, frozenset(s)) for i, s in sorted(l3.items())]
     nodes = list(range(spec.numa_nodes))
     numa = {n: NumaNode(n, frozenset(c.id for c in cpus.values() if c.numa_node == n),
@@ -253,11 +385,11 @@ def topology_from_spec(spec: MachineSpec) -> Topology:
 
 def topology_from_cpus(cpus: list[ScenarioCpu], l3_size: int | dict[int, int],
                        distances: dict[int, dict[int, int]] | None) -> Topology:
-    out = {}
-    for c in cpus:
-        out[c.id] = Cpu(id=c.id, package=c.package, die=c.die, core_id=c.core, core=c.core, numa_node=c.numa_node,
-                        l2_id=c.core, l3_id=c.l3, isolated=c.isolated,
-                        base_frequency_hz=int(c.base_frequency_hz) if c.base_frequency_hz else None)
+    out: dict[int, Cpu] = {}
+    for s in cpus:
+        out[s.id] = Cpu(id=s.id, package=s.package, die=s.die, core_id=s.core, core=s.core, numa_node=s.numa_node,
+                        l2_id=s.core, l3_id=s.l3, isolated=s.isolated,
+                        base_frequency_hz=int(s.base_frequency_hz) if s.base_frequency_hz else None)
     # The model wants a node-unique core number equal to the lowest CPU of the core (as discover gives).
     lowest: dict[tuple[int, int], int] = {}
     for c in out.values():

@@ -72,7 +72,7 @@ class RebalancerService:
         return CgroupMoveApplier(self.agent.cfg.paths.cgroup, self._cgroup_path)
 
     def run_now(self, mode: str | None = None):
-        return self.engine.run_once(mode=mode)
+        return self.engine.run_once(now=self.agent.now(), mode=mode)
 
     def start(self, stop: threading.Event) -> threading.Thread:
         t = threading.Thread(target=self._loop, args=(stop,), name="rebalancer", daemon=True)
@@ -84,4 +84,4 @@ class RebalancerService:
             cfg = self.agent.cfg.rebalancer
             if not cfg.enabled or cfg.mode == "off":
                 continue
-            self.engine.run_once()
+            self.engine.run_once(now=self.agent.now())

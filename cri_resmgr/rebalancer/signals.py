@@ -7,22 +7,22 @@ input                       series                                              
 ==========================  ==========================================================  ==========
 containers, cpuset, labels  ``cri_resmgr_container_cpuset_cpus{cpus}`` (newest per id)  cgroup
 CPU usage                   rate of ``cri_resmgr_container_cpu_usage_seconds_total``     cgroup
-AVX512 ratio                ``cri_resmgr_container_avx512_ratio``, else the rate ratio   issue #3
+AVX512 ratio                ``cri_resmgr_container_avx512_ratio``, else the rate ratio   avx512
                             of ``..._avx512_switches_total`` / ``..._context_switches_total``
-LLC misses/s                rate of ``cri_resmgr_container_llc_misses_total``            issue #4
-memory bandwidth            rate of ``cri_resmgr_container_memory_bandwidth_bytes_total  issue #4
+LLC misses/s                rate of ``cri_resmgr_container_llc_misses_total``            perf
+memory bandwidth            rate of ``cri_resmgr_container_memory_bandwidth_bytes_total  rdt (MBM)
                             {scope="total"}``, summed over ``cache_id``
-cache occupancy             ``cri_resmgr_container_llc_occupancy_bytes``, summed over    issue #4
+cache occupancy             ``cri_resmgr_container_llc_occupancy_bytes``, summed over    rdt (CMT)
                             ``cache_id``
-SST-BF priority             ``cri_resmgr_cpu_sst_bf_high_priority{cpu}`` (else the       issue #4
+SST-BF priority             ``cri_resmgr_cpu_sst_bf_high_priority{cpu}`` (else the       sst
                             topology's ``base_frequency``)
 ==========================  ==========================================================  ==========
 
-A signal with no series at all is *missing*: it counts as zero and the plan lists it. Until the
-collectors of issues #3/#4 land, ``rebalancer.overrides`` (config) can set the same values for
-containers matched by their labels — which is how the end-to-end test marks its AVX512 cgroups.
-Requests, annotations and exclusivity come from a :class:`MetadataSource` (the relay's container cache,
-issue #5) when there is one.
+A signal with no series at all is *missing*: it counts as zero and the plan lists it, naming the
+collector that provides it. Where that collector cannot run, ``rebalancer.overrides`` (config) can set
+the same values for containers matched by their labels — which is how the end-to-end test marks its
+AVX512 cgroups. Requests, annotations and exclusivity come from a :class:`MetadataSource` (the relay's
+container cache) when there is one.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from .. import metrics as M
 from ..config import RebalancerConfig
 from ..store import Matcher, Store, query_range
 from ..sysfs import parse_cpulist
-from .model import ANNOTATION_LATENCY_CRITICAL, ContainerInput
+from .problem import ANNOTATION_LATENCY_CRITICAL, ContainerInput
 
 CPUSET = M.CONTAINER_CPUSET_CPUS.name
 USAGE = M.CONTAINER_CPU_USAGE.name
@@ -112,20 +112,22 @@ def read_inputs(store: Store, cfg: RebalancerConfig, now: float, last_moved: Map
         sw, cs = (_per_container(store, m, now, window, "rate") for m in (AVX512_SWITCHES, CONTEXT_SWITCHES))
         avx = {k: sw.get(k, 0.0) / v for k, v in cs.items() if v > 0}
         if not cs:
-            missing.append(f"avx512_ratio (no {AVX512_RATIO} or {CONTEXT_SWITCHES} series: AVX512 collector, issue #3)")
+            missing.append(f"avx512_ratio (no {AVX512_RATIO} or {CONTEXT_SWITCHES} series: "
+                           "the avx512 collector, collectors.avx512)")
     misses = _per_container(store, LLC_MISSES, now, window, "rate")
     if not store.select(LLC_MISSES):
-        missing.append(f"llc_misses_per_second (no {LLC_MISSES}: perf collector, issue #4)")
+        missing.append(f"llc_misses_per_second (no {LLC_MISSES}: the perf collector, collectors.perf)")
     bw = _per_container(store, MEMORY_BANDWIDTH, now, window, "rate", [Matcher("scope", "=", "total")])
     if not store.select(MEMORY_BANDWIDTH):
-        missing.append(f"memory_bandwidth (no {MEMORY_BANDWIDTH}: RDT MBM, issue #4; LLC misses × 64 B used)")
+        missing.append(f"memory_bandwidth (no {MEMORY_BANDWIDTH}: RDT MBM, collectors.rdt; LLC misses × 64 B used)")
     occ = _per_container(store, LLC_OCCUPANCY, now, window, "raw")
     if not store.select(LLC_OCCUPANCY):
-        missing.append(f"llc_occupancy (no {LLC_OCCUPANCY}: RDT CMT, issue #4)")
+        missing.append(f"llc_occupancy (no {LLC_OCCUPANCY}: RDT CMT, collectors.rdt)")
     hp = None
     sst = store.latest(SST_BF_HIGH_PRIORITY, max_age_rows=2)
     if sst:
-        hp = frozenset(int(r.label_dict["cpu"]) for r, _t, v in sst if v >= 0.5 and r.label_dict.get("cpu", "").isdigit())
+        hp = frozenset(int(r.label_dict["cpu"]) for r, _t, v in sst
+                       if v >= 0.5 and r.label_dict.get("cpu", "").isdigit())
 
     metadata = metadata or {}
     out = []

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -25,8 +26,8 @@ from ..config import RebalancerConfig
 from ..sysfs import format_cpulist
 from ..topology import Topology
 from ..topology.fixtures import MACHINES, MachineSpec
-from .model import ANNOTATION_LATENCY_CRITICAL, Problem
 from .planner import Plan, Planner
+from .problem import ANNOTATION_LATENCY_CRITICAL, Problem
 from .scenario import Scenario, ScenarioContainer, scenario_cpus_from_spec, topology_from_spec
 
 GB = 1e9
@@ -50,7 +51,7 @@ class _Ctx:
         return format_cpulist(c.id for c in self.topo.cpus.values() if c.l3_id == i)
 
     def l3_ids(self) -> list[int]:
-        return sorted({c.l3_id for c in self.topo.cpus.values()})
+        return sorted({c.l3_id for c in self.topo.cpus.values() if c.l3_id is not None})
 
     def l3_bytes(self) -> float:
         return self.spec.l3_kib_per_domain * 1024.0
@@ -110,7 +111,8 @@ def cache_thrashers(ctx: _Ctx, n: int) -> list[ScenarioContainer]:
             out.append(_c(ctx, i, ctx.l3(first), min(u[i], 3.0),
                           features={"llc_occupancy_bytes": occ, "llc_misses_per_second": 2e7}))
         else:
-            out.append(_c(ctx, i, ctx.all, u[i], features={"llc_occupancy_bytes": float(ctx.rng.uniform(0.5, 1.5)) * small}))
+            occ = float(ctx.rng.uniform(0.5, 1.5)) * small
+            out.append(_c(ctx, i, ctx.all, u[i], features={"llc_occupancy_bytes": occ}))
     return out
 
 
@@ -145,7 +147,7 @@ def mixed(ctx: _Ctx, n: int) -> list[ScenarioContainer]:
     parts = [avx512_mix, bandwidth_hogs, cache_thrashers, latency_critical, fragmented_pools]
     sizes = [n // len(parts) + (1 if i < n % len(parts) else 0) for i in range(len(parts))]
     out: list[ScenarioContainer] = []
-    for fam, k in zip(parts, sizes):
+    for fam, k in zip(parts, sizes, strict=True):
         for c in fam(ctx, k):
             out.append(c.model_copy(update={"id": f"{fam.__name__}-{c.id}", "name": f"{fam.__name__}-{c.id}"}))
     return out
@@ -170,6 +172,7 @@ def generate(family: str, machine: str | MachineSpec = "xeon-2s-112c-snc2", cont
         raise ValueError(f"unknown family {family!r}; choose from {', '.join(FAMILIES)}")
     spec = MACHINES[machine] if isinstance(machine, str) else machine
     ctx = _Ctx(np.random.default_rng(seed), topology_from_spec(spec), spec, numa_bandwidth_bytes_per_second)
+    topo: dict[str, Any]
     if isinstance(machine, str) and not explicit:
         topo = {"fixture": machine}
     else:

@@ -22,16 +22,30 @@ Shares assume a container's work is spread evenly over its cpuset. Weights come 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar
+from collections.abc import Callable
+from typing import ClassVar, Protocol
 
 import numpy as np
 
 from ..config import RebalancerConfig
-from .model import AVX, BW, DEMAND, LC, OCC, SENS
+from .problem import AVX, BW, DEMAND, LC, OCC, SENS, Problem, State
 
-if TYPE_CHECKING:
-    from .exact import Encoder
-    from .model import Problem, State
+Expr = tuple[np.ndarray, np.ndarray]  # (rows × MILP variables, constant per row): ``M x + c``
+
+
+class Encoder(Protocol):
+    """What a term needs of the MILP builder (:class:`.exact.Encoder` implements it)."""
+
+    prob: Problem
+
+    def field(self, attr: int) -> Expr: ...
+
+    def add_excess(self, expr: Expr, cap: np.ndarray, weight: np.ndarray | float) -> None: ...
+
+    def add_linear_field(self, attr: int, field_: np.ndarray) -> None: ...
+
+    def add_domain_product(self, shares: Callable[[np.ndarray], np.ndarray], size: np.ndarray,
+                           weight: float) -> None: ...
 
 
 class CostTerm:
@@ -60,6 +74,15 @@ class CostTerm:
         """rows × rows interference between two containers (bilinear terms only)."""
         return None
 
+    # What an antagonist's usage is measured in, for an explanation (None: the term has no pairs).
+    usage_attr: ClassVar[int | None] = None
+
+    def inflicted(self, prob: Problem, S: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+        """The term's cost split over (antagonist, victim) pairs for placement ``S``: (rows × all: what
+        each of ``rows`` inflicts on every container, rows × all: what each suffers from every
+        container), cost units per second. The split of every pair term adds up to its cost."""
+        return None
+
     def encode(self, enc: Encoder) -> None:
         raise NotImplementedError(f"{self.name} has no MILP encoding")
 
@@ -82,8 +105,15 @@ class Oversubscription(CostTerm):
         return self.weight * np.maximum(0.0, st.F[:, DEMAND] - self.cfg.oversubscription_threshold).sum()
 
     def delta(self, prob, st, rows):
+        # Adding ``inc`` CPUs of demand to a position of base load x costs
+        # f(x) = max(x + inc, θ) − max(x, θ): inc when x ≥ θ, x + inc − θ when θ − inc < x < θ, else 0.
+        # Summed over a candidate this needs only the candidate's loads in sorted order and their
+        # prefix sums (two binary searches per (row, candidate)), not a pass over its CPUs. The base
+        # load is the current load less the row's own share, which is uniform over its cpuset: a
+        # shifted threshold θ + δ when the cpuset holds the whole pool, else an explicit correction
+        # over the cpuset's positions.
         th = self.cfg.oversubscription_threshold
-        cand = prob.cand
+        cand = prob.cands
         out = np.zeros((len(rows), cand.n))
         d = prob.X[rows, DEMAND]
         live = np.flatnonzero(d > 0)
@@ -91,41 +121,68 @@ class Oversubscription(CostTerm):
             return out
         r, d = rows[live], d[live]
         load = st.F[:, DEMAND]
-        base = load[None, :] - st.S[r] * d[:, None]
-        # max(0, b + inc − θ) − max(0, b − θ) = max(b + inc, θ) − max(b, θ)
-        f_base = np.maximum(base, th)
-        removal = (f_base - th).sum(axis=1) - np.maximum(0.0, load - th).sum()
+        S = st.S[r]
+        base = load[None, :] - S * d[:, None]
+        removal = (np.maximum(base, th) - th).sum(axis=1) - np.maximum(0.0, load - th).sum()
         pool = cand.pool > 0
-        # Only CPUs that can cross the threshold contribute (base ≤ load everywhere), and only rows
-        # whose increment can reach it: the rest of the K × CPUs work is skipped.
-        peak = base.max(axis=1)
-        sub = np.zeros((len(r), cand.n))
-        all_rows = np.arange(len(r))
-        for z, idx in cand.size_classes:
-            inc = d / z
-            hot_rows = np.flatnonzero(peak + inc > th)
-            if len(hot_rows) == 0:
-                continue
-            hot_pos = np.flatnonzero(pool & (load + inc[hot_rows].max() > th))
-            if len(hot_pos) == 0:
-                continue
-            if len(hot_rows) == len(r):
-                b, fb, inc_h, hot_rows = base, f_base, inc, all_rows
-            else:
-                b, fb, inc_h = base[hot_rows], f_base[hot_rows], inc[hot_rows]
-            if len(hot_pos) < len(load):
-                b, fb = b[:, hot_pos], fb[:, hot_pos]
-            cs = np.empty((len(hot_rows), len(hot_pos) + 1))
-            cs[:, 0] = 0.0
-            np.cumsum(np.maximum(b + inc_h[:, None], th) - fb, axis=1, out=cs[:, 1:])
-            a = np.searchsorted(hot_pos, cand.lo[idx])
-            e = np.searchsorted(hot_pos, cand.hi[idx])
-            if len(hot_rows) == len(r):
-                sub[:, idx] = cs[:, e] - cs[:, a]
-            else:
-                sub[hot_rows[:, None], idx[None, :]] = cs[:, e] - cs[:, a]
-        out[live] = sub + removal[:, None]
+        if float(load[pool].max(initial=0.0)) + float(d.max()) / float(cand.size.min()) <= th:
+            out[live] = removal[:, None]  # no CPU of the pool can cross the threshold: adding is free
+            return self.weight * out
+        # Sorted loads per candidate, as one array of keys candidate × M + load.
+        x = np.maximum(load[cand.member_pos], 0.0)
+        # Only candidates holding a CPU that the largest increment can push over θ can cost anything
+        # (the base load is at most the load): the others add nothing, for every row.
+        rel = np.flatnonzero(np.maximum.reduceat(x, cand.member_start[:-1]) + float(d.max()) / cand.size > th)
+        M = float(x.max(initial=0.0)) + 2.0
+        keys = cand.member_cand * M + x
+        order = np.argsort(keys, kind="stable")
+        keys, xs = keys[order], x[order]
+        cs = np.zeros(len(xs) + 1)
+        np.cumsum(xs, out=cs[1:])
+        end = cand.member_start[1:]
+        share = S.max(axis=1)
+        delta_own = share * d  # the row's own load on each CPU of its cpuset
+        support = S > 0
+        whole = (support | ~pool[None, :]).all(axis=1)
+        theta = th + np.where(whole, delta_own, 0.0)
+        inc = d[:, None] / cand.size[None, :]
+        jm = (rel * M)[None, :]
+        inc_r = inc[:, rel]
+        lo_q = jm + np.clip(theta[:, None] - inc_r, -0.5, M - 1.5)
+        hi_q = jm + np.clip(np.broadcast_to(theta[:, None], inc_r.shape), -0.5, M - 1.5)
+        a = np.searchsorted(keys, lo_q, side="right")
+        b = np.searchsorted(keys, hi_q, side="left")
+        add = np.zeros((len(r), cand.n))
+        add[:, rel] = inc_r * (end[rel][None, :] - b) + (cs[b] - cs[a]) - (b - a) * (theta[:, None] - inc_r)
+        # Correction on the CPUs of a row's own cpuset in the pool, for every candidate holding them
+        # (a CPU lies in as many candidates as the tree is deep).
+        kk, pp = np.nonzero(support & pool[None, :] & ~whole[:, None])
+        if len(kk):
+            q, jj = cand.holding(pp)
+            keep = np.isin(jj, rel)
+            q, jj = q[keep], jj[keep]
+            k3, x0 = kk[q], load[pp[q]]
+            xb = x0 - delta_own[k3]
+            i3 = inc[k3, jj]
+            corr = (np.maximum(xb + i3, th) - np.maximum(xb, th)) - (np.maximum(x0 + i3, th) - np.maximum(x0, th))
+            add += np.bincount(k3 * cand.n + jj, weights=corr, minlength=add.size).reshape(add.shape)
+        out[live] = add + removal[:, None]
         return self.weight * out
+
+    usage_attr = DEMAND
+
+    def inflicted(self, prob, S, rows):
+        # A CPU's excess split over pairs by their shares of its load: excess × (own_a / load) × (own_v / load).
+        own = S * prob.X[:, DEMAND][:, None]
+        load = own.sum(axis=0)
+        excess = np.maximum(0.0, load - self.cfg.oversubscription_threshold)
+        hot = np.flatnonzero(excess > 0)
+        if len(hot) == 0:
+            z = np.zeros((len(rows), len(S)))
+            return z, z
+        frac = own[:, hot] / load[hot]
+        m = self.weight * (frac[rows] * excess[hot]) @ frac.T
+        return m, m
 
     def min_delta(self, prob, st, rows):
         # Adding demand never lowers Σ max(0, load − θ): the removal from the current cpuset bounds the gain.
@@ -171,12 +228,12 @@ class LatencyCritical(CostTerm):
     def delta(self, prob, st, rows):
         f = self._field(prob)
         lc = prob.X[rows, LC]
-        return self.weight * lc[:, None] * (prob.cand.mean(f)[None, :] - (st.S[rows] @ f)[:, None])
+        return self.weight * lc[:, None] * (prob.cands.mean(f)[None, :] - (st.S[rows] @ f)[:, None])
 
     def min_delta(self, prob, st, rows):
         f = self._field(prob)
         lc = prob.X[rows, LC]
-        return self.weight * lc * (prob.cand.mean(f).min() - st.S[rows] @ f)
+        return self.weight * lc * (prob.cands.mean(f).min() - st.S[rows] @ f)
 
     def encode(self, enc):
         enc.add_linear_field(LC, self.weight * self._field(enc.prob))
@@ -200,14 +257,15 @@ class _Bilinear(CostTerm):
 
     level: ClassVar[str]
 
-    def _of(self, prob) -> tuple[np.ndarray, np.ndarray]:
+    def domain_of(self, prob: Problem) -> tuple[np.ndarray, np.ndarray]:
+        """(domain index per position, CPUs per domain)."""
         n = prob.node
         if self.level == "core":
             return n.core_of, n.threads_per_core
         return n.pkg_of, n.pkg_cpus
 
     def _loads(self, prob, st):
-        of, size = self._of(prob)
+        of, size = self.domain_of(prob)
         A = np.bincount(of, weights=st.F[:, AVX], minlength=len(size))
         L = np.bincount(of, weights=st.F[:, SENS], minlength=len(size))
         return A, L, of, size
@@ -218,40 +276,49 @@ class _Bilinear(CostTerm):
 
     def delta(self, prob, st, rows):
         A, L, of, size = self._loads(prob, st)
-        a, l = prob.X[rows, AVX], prob.X[rows, SENS]
+        a, sens = prob.X[rows, AVX], prob.X[rows, SENS]
         Lf, Af = (L / size)[of], (A / size)[of]
         S = st.S[rows]
-        mL, mA = prob.cand.mean(Lf), prob.cand.mean(Af)
+        mL, mA = prob.cands.mean(Lf), prob.cands.mean(Af)
         return self.weight * (a[:, None] * (mL[None, :] - (S @ Lf)[:, None])
-                              + l[:, None] * (mA[None, :] - (S @ Af)[:, None]))
+                              + sens[:, None] * (mA[None, :] - (S @ Af)[:, None]))
 
     def min_delta(self, prob, st, rows):
         A, L, of, size = self._loads(prob, st)
-        a, l = prob.X[rows, AVX], prob.X[rows, SENS]
+        a, sens = prob.X[rows, AVX], prob.X[rows, SENS]
         Lf, Af = (L / size)[of], (A / size)[of]
         S = st.S[rows]
-        return self.weight * (a * (prob.cand.mean(Lf).min() - S @ Lf) + l * (prob.cand.mean(Af).min() - S @ Af))
+        return self.weight * (a * (prob.cands.mean(Lf).min() - S @ Lf) + sens * (prob.cands.mean(Af).min() - S @ Af))
 
     def domain_shares(self, prob, S: np.ndarray) -> np.ndarray:
-        of, size = self._of(prob)
-        if self.level == "core":
-            return np.add.reduceat(S, prob.node.core_starts, axis=1)
-        return S @ prob.node.onehot_pkg
+        of, size = self.domain_of(prob)
+        return S @ (prob.node.onehot_core if self.level == "core" else prob.node.onehot_pkg)
 
     def pairs(self, prob, st, rows):
-        a, l = prob.X[rows, AVX], prob.X[rows, SENS]
-        ia, il = np.flatnonzero(a > 0), np.flatnonzero(l > 0)
+        a, sens = prob.X[rows, AVX], prob.X[rows, SENS]
+        ia, il = np.flatnonzero(a > 0), np.flatnonzero(sens > 0)
         if len(ia) == 0 or len(il) == 0:
             return None
-        _, size = self._of(prob)
+        _, size = self.domain_of(prob)
         Da = self.domain_shares(prob, st.S[rows[ia]])
         Dl = self.domain_shares(prob, st.S[rows[il]])
         out = np.zeros((len(rows), len(rows)))
-        out[np.ix_(ia, il)] = self.weight * ((a[ia, None] * Da / size) @ (l[il, None] * Dl).T)
+        out[np.ix_(ia, il)] = self.weight * ((a[ia, None] * Da / size) @ (sens[il, None] * Dl).T)
         return out
 
+    usage_attr = AVX
+
+    def inflicted(self, prob, S, rows):
+        # Antagonist a (AVX512 load), victim v (sensitive load): w × a_a × l_v × Σ_D D_a D_v / size_D.
+        _, size = self.domain_of(prob)
+        D = self.domain_shares(prob, S)
+        a, sens = prob.X[:, AVX], prob.X[:, SENS]
+        A = a[:, None] * D / size
+        L = sens[:, None] * D
+        return self.weight * (A[rows] @ L.T), self.weight * (L[rows] @ A.T)
+
     def encode(self, enc):
-        enc.add_bilinear(self)
+        enc.add_domain_product(lambda S: self.domain_shares(enc.prob, S), self.domain_of(enc.prob)[1], self.weight)
 
 
 class Avx512Core(_Bilinear):
@@ -296,6 +363,24 @@ class _DomainExcess(CostTerm):
     def applies(self, prob):
         return bool(self.domains(prob))
 
+    def _scale(self) -> float:
+        return 1.0
+
+    def inflicted(self, prob, S, rows):
+        # A domain's excess split over pairs by their shares of its load, as for oversubscription.
+        m = np.zeros((len(rows), len(S)))
+        v = prob.X[:, self.attr]
+        for onehot, cap, _ in self.domains(prob):
+            own = (S @ onehot) * v[:, None]
+            load = own.sum(axis=0)
+            excess = np.maximum(0.0, load - cap) / cap
+            hot = np.flatnonzero(excess > 0)
+            if len(hot):
+                frac = own[:, hot] / load[hot]
+                m += (frac[rows] * excess[hot]) @ frac.T
+        m *= self.weight * self._scale()
+        return m, m
+
     def cost(self, prob, st):
         tot = 0.0
         for onehot, cap, _ in self.domains(prob):
@@ -304,7 +389,7 @@ class _DomainExcess(CostTerm):
         return self.weight * tot
 
     def delta(self, prob, st, rows):
-        out = np.zeros((len(rows), prob.cand.n))
+        out = np.zeros((len(rows), prob.cands.n))
         v = prob.X[rows, self.attr]
         live = np.flatnonzero(v > 0)
         if len(live) == 0:
@@ -347,6 +432,7 @@ class MemoryBandwidth(_DomainExcess):
     name = "memory_bandwidth"
     summary = "spreads memory-bandwidth demand beyond a NUMA node's or L3 domain's capacity"
     attr = BW
+    usage_attr = BW
 
     def domains(self, prob):
         n, c = prob.node, prob.cand
@@ -375,6 +461,10 @@ class CacheOccupancy(_DomainExcess):
     name = "cache_occupancy"
     summary = "relieves cache-occupancy pressure in an L3 domain"
     attr = OCC
+    usage_attr = OCC
+
+    def _scale(self) -> float:
+        return self.cfg.cache_pressure_threshold
 
     def domains(self, prob):
         n, c = prob.node, prob.cand

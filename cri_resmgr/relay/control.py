@@ -1,7 +1,7 @@
 """The relay's control socket: moves for the rebalancer, the cache, metrics, a reconcile trigger.
 
 gRPC over a unix socket (``relay.control_socket``, mode 0600) with JSON payloads: the methods carry the
-Pydantic models of :mod:`cri_resmgr.relay.api`, so a caller in another process (the agent's rebalancer)
+Pydantic models of :mod:`cri_resmgr.placement.api`, so a caller in another process (the agent's rebalancer)
 gets typed records without a second schema. Service ``cri_resmgr.relay.v1.Control``:
 
 =========== =============================== ====================================
@@ -12,26 +12,48 @@ State       {}                              RelayState
 Moves       {}                              {"moves": [MoveRecord, ...]}
 Metrics     {}                              {"text": Prometheus text exposition}
 Reconcile   {}                              {"summary": {...}}
+Invariants  {}                              InvariantView (checked now against the kernel, repaired)
 =========== =============================== ====================================
+
+Move honours the caller's deadline: a move whose client has given up is not applied.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Callable
 from concurrent import futures
 from pathlib import Path
+from typing import Any, Protocol
 
 import grpc
 
-from .api import MoveRecord, MoveRequest, RelayState
+from ..placement.api import InvariantView, MoveRecord, MoveRequest, RelayState
+from ..placement.runtime import RuntimeCallError
 
 SERVICE = "cri_resmgr.relay.v1.Control"
 
 
+class ControlTarget(Protocol):
+    """What a front end (the CRI relay, the NRI plugin) offers on the control socket."""
+
+    def move(self, container_id: str, cpus: str, mems: str | None, who: str, why: str, deadline: float | None,
+             gain_by_term: dict[str, float] | None = None,
+             separates: list[dict[str, str | float]] | None = None) -> MoveRecord: ...
+
+    def moves(self) -> list[MoveRecord]: ...
+
+    def state(self) -> RelayState: ...
+
+    def reconcile(self) -> dict[str, int]: ...
+
+    def invariants(self) -> InvariantView: ...
+
+
 class _Handler(grpc.GenericRpcHandler):
-    def __init__(self, methods: dict[str, Callable[[dict], dict]]):
+    def __init__(self, methods: dict[str, Callable[[dict, Any], dict]]):
         self.methods = methods
 
     def service(self, details):
@@ -43,24 +65,32 @@ class _Handler(grpc.GenericRpcHandler):
         def handle(raw: bytes, ctx):
             try:
                 body = json.loads(raw or b"{}")
-                return json.dumps(fn(body)).encode()
+                return json.dumps(fn(body, ctx)).encode()
             except (ValueError, TypeError) as e:
                 ctx.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+            except RuntimeCallError as e:
+                ctx.abort(grpc.StatusCode.UNAVAILABLE, str(e))
 
         return grpc.unary_unary_rpc_method_handler(handle)
 
 
-def serve(relay, path: Path, metrics_text: Callable[[], str]) -> grpc.Server:
-    def move(body: dict) -> dict:
-        req = MoveRequest.model_validate(body)
-        return relay.move(req.container_id, req.cpus, req.mems, req.who, req.why).model_dump()
+def serve(relay: ControlTarget, path: Path, metrics_text: Callable[[], str]) -> grpc.Server:
+    """``relay``: a front end (:class:`cri_resmgr.relay.core.CriFrontEnd`, or the NRI plugin's)."""
 
-    methods = {
+    def move(body: dict, ctx: Any) -> dict:
+        req = MoveRequest.model_validate(body)
+        remaining = ctx.time_remaining() if ctx is not None else None
+        deadline = time.monotonic() + remaining if remaining is not None else None
+        return relay.move(req.container_id, req.cpus, req.mems, req.who, req.why, deadline,
+                          gain_by_term=req.gain_by_term, separates=req.separates).model_dump()
+
+    methods: dict[str, Callable[[dict, Any], dict]] = {
         "Move": move,
-        "State": lambda body: relay.state().model_dump(),
-        "Moves": lambda body: {"moves": [m.model_dump() for m in relay.moves]},
-        "Metrics": lambda body: {"text": metrics_text()},
-        "Reconcile": lambda body: {"summary": relay.reconcile()},
+        "State": lambda body, ctx: relay.state().model_dump(),
+        "Moves": lambda body, ctx: {"moves": [m.model_dump() for m in relay.moves()]},
+        "Metrics": lambda body, ctx: {"text": metrics_text()},
+        "Reconcile": lambda body, ctx: {"summary": relay.reconcile()},
+        "Invariants": lambda body, ctx: relay.invariants().model_dump(),
     }
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="relay-control"))
     server.add_generic_rpc_handlers([_Handler(methods)])
@@ -85,8 +115,10 @@ class ControlClient:
         return json.loads(fn(json.dumps(body or {}).encode(), timeout=self.timeout))
 
     def move(self, container_id: str, cpus: str, mems: str | None = None, who: str = "unknown",
-             why: str = "") -> MoveRecord:
-        req = MoveRequest(container_id=container_id, cpus=cpus, mems=mems, who=who, why=why)
+             why: str = "", gain_by_term: dict[str, float] | None = None,
+             separates: list[dict[str, str | float]] | None = None) -> MoveRecord:
+        req = MoveRequest(container_id=container_id, cpus=cpus, mems=mems, who=who, why=why,
+                          gain_by_term=gain_by_term or {}, separates=separates or [])
         return MoveRecord.model_validate(self._call("Move", req.model_dump()))
 
     def state(self) -> RelayState:
@@ -100,6 +132,10 @@ class ControlClient:
 
     def reconcile(self) -> dict[str, int]:
         return self._call("Reconcile")["summary"]
+
+    def invariants(self) -> InvariantView:
+        """Check the placement invariants against the kernel now (and repair what is wrong)."""
+        return InvariantView.model_validate(self._call("Invariants"))
 
     def close(self) -> None:
         self.channel.close()

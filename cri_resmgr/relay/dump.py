@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
+import grpc
 from cri_api.v1 import api_pb2 as pb
 from google.protobuf import json_format, message_factory
 
@@ -21,7 +24,7 @@ from .h2proxy import Exchange, code_name
 log = logging.getLogger(__name__)
 
 
-def _message_types() -> dict[str, tuple[type, type]]:
+def _message_types() -> dict[str, tuple[Any, Any]]:
     out = {}
     for svc in pb.DESCRIPTOR.services_by_name.values():
         for m in svc.methods:
@@ -34,7 +37,11 @@ class Dumper:
     def __init__(self, path: Path):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.f = open(self.path, "a", buffering=1)
+        # 0600, not the umask's: CreateContainer carries env values, i.e. resolved Secrets (issue 12). A file
+        # left wider by an older version is narrowed; a symlink planted at the path is refused.
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        os.fchmod(fd, 0o600)
+        self.f = open(fd, "a", buffering=1)  # noqa: SIM115 (open for the dumper's lifetime)
         self.types = _message_types()
         self.lock = threading.Lock()
 
@@ -42,7 +49,7 @@ class Dumper:
         types = self.types.get(ex.method)
         rec = {"time": time.time(), "method": ex.method, "direction": direction, "stream": ex.stream_id}
         if direction == "response":
-            rec["code"] = code_name(ex.code if ex.code is not None else 2)
+            rec["code"] = code_name(ex.code) if ex.code is not None else grpc.StatusCode.UNKNOWN.name
             if ex.message:
                 rec["error"] = ex.message
         if direction == "request" and ex.rewritten:
@@ -53,7 +60,7 @@ class Dumper:
             try:
                 cls = types[0] if direction == "request" else types[1]
                 rec["message"] = json_format.MessageToDict(cls.FromString(message), preserving_proto_field_name=True)
-            except Exception as e:  # the dump must never break forwarding
+            except Exception as e:  # noqa: BLE001 (the dump must never break forwarding)
                 rec["undecodable"] = f"{type(e).__name__}: {e}"
         line = json.dumps(rec, sort_keys=True)
         with self.lock:

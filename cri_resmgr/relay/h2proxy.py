@@ -20,6 +20,16 @@ What the proxy does look at:
   runtime's connection and stream windows itself, queueing DATA that does not fit until the runtime
   opens them.
 
+What the proxy bounds (so that no peer can make it hold memory without limit):
+
+- a header block (HEADERS + CONTINUATION frames, RFC 9113 §6.10) is at most ``max_header_block`` bytes
+  (default 16 MiB, grpc-go's default header list limit, which containerd keeps). A block cannot be cut short
+  without breaking the HPACK state of both ends, so beyond the limit the connection ends: GOAWAY
+  ENHANCE_YOUR_CALM (RFC 9113 §7) to the client, which reconnects; the relay goes on;
+- a held request message is at most ``max_held_message`` bytes (default 16 MiB, the runtime's own receive
+  limit): beyond it the client gets RESOURCE_EXHAUSTED and RST_STREAM, the runtime RST_STREAM CANCEL, and
+  the rest of that stream's DATA is dropped (its window credited back).
+
 The gRPC wire format (length-prefixed messages; status in trailers) is in grpc/doc/PROTOCOL-HTTP2.md.
 """
 
@@ -36,6 +46,7 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from enum import Enum
 
+import grpc
 import hpack
 
 log = logging.getLogger(__name__)
@@ -46,18 +57,26 @@ F_END_STREAM, F_ACK, F_END_HEADERS, F_PADDED, F_PRIORITY = 0x1, 0x1, 0x4, 0x8, 0
 SETTINGS_HEADER_TABLE_SIZE, SETTINGS_INITIAL_WINDOW_SIZE = 0x1, 0x4
 DEFAULT_WINDOW = 65535  # initial connection and stream window (RFC 9113 §6.9.2)
 MAX_FRAME_PAYLOAD = 16384  # SETTINGS_MAX_FRAME_SIZE's initial value: every peer accepts it (RFC 9113 §6.5.2)
-H2_CANCEL = 0x8
+# HTTP/2 error codes (RFC 9113 §7)
+H2_NO_ERROR, H2_CANCEL, H2_ENHANCE_YOUR_CALM = 0x0, 0x8, 0xB
+MAX_HEADER_BLOCK = 16 << 20  # grpc-go's default max header list size (containerd keeps it)
+MAX_HELD_MESSAGE = (16 << 20) + 5  # containerd's default max receive message size, plus the gRPC prefix
 
-# gRPC status codes (grpc/doc/statuscodes.md)
-CODE_NAMES = ("OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND", "ALREADY_EXISTS",
-              "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE",
-              "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED")
+
+def status(code: grpc.StatusCode) -> int:
+    """The wire number of a gRPC status code (grpc/doc/statuscodes.md)."""
+    return int(code.value[0])
+
+
+_CODE_NAMES = {status(c): c.name for c in grpc.StatusCode}
+S = grpc.StatusCode
 # RST_STREAM error codes as gRPC clients map them (PROTOCOL-HTTP2.md, "Errors")
-_RST_TO_GRPC = {0x0: 13, 0x1: 13, 0x2: 13, 0x3: 13, 0x7: 14, 0x8: 1, 0xB: 8, 0xC: 7}
+_RST_TO_GRPC = {0x0: S.INTERNAL, 0x1: S.INTERNAL, 0x2: S.INTERNAL, 0x3: S.INTERNAL, 0x7: S.UNAVAILABLE,
+                0x8: S.CANCELLED, 0xB: S.RESOURCE_EXHAUSTED, 0xC: S.PERMISSION_DENIED}
 
 
 def code_name(code: int) -> str:
-    return CODE_NAMES[code] if 0 <= code < len(CODE_NAMES) else str(code)
+    return _CODE_NAMES.get(code, str(code))
 
 
 class Mode(Enum):
@@ -112,7 +131,8 @@ class Hooks:
 
 
 def frame(ftype: int, flags: int, stream_id: int, payload: bytes = b"") -> bytes:
-    return len(payload).to_bytes(3, "big") + bytes((ftype, flags)) + (stream_id & 0x7FFFFFFF).to_bytes(4, "big") + payload
+    head = len(payload).to_bytes(3, "big") + bytes((ftype, flags)) + (stream_id & 0x7FFFFFFF).to_bytes(4, "big")
+    return head + payload
 
 
 def _hpack_int(value: int, prefix_bits: int, first: int) -> bytes:
@@ -192,7 +212,7 @@ def decode_block(decoder: hpack.Decoder, block: bytes) -> list[tuple[bytes, byte
     if block and min(block) > 0x80 and max(block) < 0xFF:
         get = decoder.header_table.get_by_index
         return [get(b & 0x7F) for b in block]
-    return decoder.decode(block, raw=True)
+    return [(bytes(k), bytes(v)) for k, v in decoder.decode(block, raw=True)]
 
 
 def _setting(payload: bytes, wanted: int) -> int | None:
@@ -211,6 +231,7 @@ class _Stream:
     req: bytearray = field(default_factory=bytearray)
     resp: bytearray = field(default_factory=bytearray)
     held: list[bytes] = field(default_factory=list)  # REWRITE: DATA payloads waiting for the hook
+    held_size: int = 0
     req_done: bool = False
     closed: bool = False
     seen_response_headers: bool = False
@@ -228,12 +249,13 @@ class _Direction:
         self.block_fragments: list[bytes] = []
         self.block_stream = 0
         self.block_end_stream = False
+        self.block_size = 0
 
 
 class Pair:
     """One client connection and its runtime connection."""
 
-    def __init__(self, proxy: "Proxy", client: asyncio.Transport):
+    def __init__(self, proxy: Proxy, client: asyncio.Transport):
         self.proxy = proxy
         self.hooks = proxy.hooks
         self.client = client
@@ -248,6 +270,7 @@ class Pair:
         self.up_streams: dict[int, int] = {}
         self.blocked: deque[tuple[int, bytes, int]] = deque()  # (stream, DATA frame, payload size)
         self.closed = False
+        self.dropped: set[int] = set()  # streams reset by the proxy: the client's further DATA is dropped
         # While a direction's input is being parsed, bytes for that direction's peer are appended here so
         # that they keep their place after frames already parsed (a stream's DATA never before its HEADERS).
         self._c2s_out: list[bytes] | None = None
@@ -276,9 +299,19 @@ class Pair:
             sid = int.from_bytes(buf[pos + 5:pos + 9], "big") & 0x7FFFFFFF
             if ftype == DATA:
                 st = self.streams.get(sid)
-                if st is None or (st.mode is Mode.PASS and not self.hooks.dumping):
+                if st is None and sid in self.dropped:
+                    if length:  # never forwarded: the client's connection window gets the bytes back
+                        self._to_client(frame(WINDOW_UPDATE, 0, 0, length.to_bytes(4, "big")))
+                    if flags & F_END_STREAM:
+                        self.dropped.discard(sid)
+                elif st is None or (st.mode is Mode.PASS and not self.hooks.dumping):
                     self._send_data(sid, bytes(buf[pos:end]), length)
                 elif st.mode is Mode.REWRITE and not st.req_done:
+                    st.held_size += length
+                    if st.held_size > self.proxy.max_held_message:
+                        self._reset_held(st, flags & F_END_STREAM == 0)
+                        pos = end
+                        continue
                     st.held.append(_data_body(flags, bytes(buf[pos + 9:end])))
                     if length:
                         # Held bytes never reach the runtime as such: the proxy gives the client its window back.
@@ -293,14 +326,18 @@ class Pair:
                     if flags & F_END_STREAM:
                         st.req_done = True
             elif ftype in (HEADERS, CONTINUATION):
-                self._header_frame(d, ftype, flags, sid, bytes(buf[pos:end]), out, self._request_headers)
+                if not self._header_frame(d, ftype, flags, sid, bytes(buf[pos:end]), out, self._request_headers):
+                    self._c2s_out = None
+                    self._goaway_client("request header block larger than "
+                                        f"{self.proxy.max_header_block} bytes")
+                    return
             elif ftype == RST_STREAM:
                 out.append(bytes(buf[pos:end]))
                 self._drop_blocked(sid)
                 st = self.streams.get(sid)
                 if st is not None:
                     st.held = []
-                    self._finish(st, 1, "cancelled by the client")
+                    self._finish(st, status(S.CANCELLED), "cancelled by the client")
             else:
                 if ftype == SETTINGS and not flags & F_ACK:
                     size = _setting(bytes(buf[pos + 9:end]), SETTINGS_HEADER_TABLE_SIZE)
@@ -315,24 +352,58 @@ class Pair:
             self._to_upstream(b"".join(out))
 
     def _header_frame(self, d: _Direction, ftype: int, flags: int, sid: int, raw: bytes, out: list[bytes],
-                      on_headers) -> None:
+                      on_headers) -> bool:
         """Collect a header block (HEADERS + CONTINUATIONs), decode it once complete, hand it to
-        ``on_headers(sid, headers, end_stream)`` and forward its frames unchanged."""
+        ``on_headers(sid, headers, end_stream)`` and forward its frames unchanged. False when the block
+        grew beyond ``max_header_block`` (the caller ends the connection)."""
         if ftype == HEADERS:
             if flags & F_END_HEADERS:  # the usual case: the whole block in one frame
                 on_headers(sid, decode_block(d.decoder, _fragment(ftype, flags, raw[9:])), bool(flags & F_END_STREAM))
                 out.append(raw)
-                return
-            d.block, d.block_fragments = [], []
+                return True
+            d.block, d.block_fragments, d.block_size = [], [], 0
             d.block_stream, d.block_end_stream = sid, bool(flags & F_END_STREAM)
+        d.block_size += len(raw)
+        if d.block_size > self.proxy.max_header_block:
+            d.block, d.block_fragments, d.block_size = [], [], 0
+            return False
         d.block.append(raw)
         d.block_fragments.append(_fragment(ftype, flags, raw[9:]))
         if not flags & F_END_HEADERS:
-            return
+            return True
         frames, block = d.block, b"".join(d.block_fragments)
-        d.block, d.block_fragments = [], []
+        d.block, d.block_fragments, d.block_size = [], [], 0
         on_headers(d.block_stream, decode_block(d.decoder, block), d.block_end_stream)
         out.extend(frames)
+        return True
+
+    def _goaway_client(self, why: str) -> None:
+        """End the connection (both sides): a header block cannot be cut short without breaking HPACK."""
+        log.warning("closing a client connection: %s", why)
+        self.proxy.count_reset("header_block")
+        if not self.closed:
+            last = max(self.streams, default=0)
+            self.client.write(frame(GOAWAY, 0, 0, last.to_bytes(4, "big") + H2_ENHANCE_YOUR_CALM.to_bytes(4, "big")))
+        self.close(why)
+
+    def _reset_held(self, st: _Stream, more_coming: bool) -> None:
+        """A held request grew beyond ``max_held_message``: the stream ends here, the relay goes on."""
+        sid = st.ex.stream_id
+        log.warning("%s: request message larger than %d bytes: stream reset", st.ex.method,
+                    self.proxy.max_held_message)
+        self.proxy.count_reset("held_message")
+        held = st.held_size
+        st.held, st.held_size = [], 0
+        self._to_upstream(frame(RST_STREAM, 0, sid, H2_CANCEL.to_bytes(4, "big")))
+        msg = f"cri-resmgr relay: request message larger than {self.proxy.max_held_message} bytes"
+        self._to_client(trailers_only(sid, status(S.RESOURCE_EXHAUSTED), msg)
+                        + frame(RST_STREAM, 0, sid, H2_NO_ERROR.to_bytes(4, "big"))
+                        + frame(WINDOW_UPDATE, 0, 0, held.to_bytes(4, "big")))
+        if more_coming:
+            if len(self.dropped) > 1000:
+                self.dropped.clear()
+            self.dropped.add(sid)
+        self._finish(st, status(S.RESOURCE_EXHAUSTED), msg)
 
     def _request_headers(self, sid: int, headers: list[tuple[bytes, bytes]], end_stream: bool) -> None:
         st = self.streams.get(sid)
@@ -374,7 +445,10 @@ class Pair:
                     st.resp += _data_body(flags, bytes(buf[pos + 9:end]))
                 out.append(bytes(buf[pos:end]))
             elif ftype in (HEADERS, CONTINUATION):
-                self._header_frame(d, ftype, flags, sid, bytes(buf[pos:end]), out, self._response_headers)
+                if not self._header_frame(d, ftype, flags, sid, bytes(buf[pos:end]), out, self._response_headers):
+                    self._s2c_out = None
+                    self._goaway_client(f"runtime header block larger than {self.proxy.max_header_block} bytes")
+                    return
             elif ftype == WINDOW_UPDATE:
                 inc = int.from_bytes(buf[pos + 9:pos + 13], "big") & 0x7FFFFFFF
                 if sid == 0:
@@ -397,7 +471,8 @@ class Pair:
                 st = self.streams.get(sid)
                 if st is not None:
                     err = int.from_bytes(buf[pos + 9:pos + 13], "big")
-                    self._finish(st, _RST_TO_GRPC.get(err, 13), f"stream reset by the runtime (HTTP/2 error {err})")
+                    self._finish(st, status(_RST_TO_GRPC.get(err, S.INTERNAL)),
+                                 f"stream reset by the runtime (HTTP/2 error {err})")
             else:
                 if ftype == SETTINGS and not flags & F_ACK:
                     payload = bytes(buf[pos + 9:end])
@@ -426,13 +501,13 @@ class Pair:
         st.seen_response_headers = True
         if not end_stream:
             return
-        code, message = 2, ""
+        code, message = status(S.UNKNOWN), ""
         for k, v in headers:
             if k == b"grpc-status":
                 try:
                     code = int(v)
                 except ValueError:
-                    code = 2
+                    code = status(S.UNKNOWN)
             elif k == b"grpc-message":
                 message = urllib.parse.unquote(v.decode("utf-8", "replace"))
         if st.mode is Mode.REWRITE and not st.req_done:
@@ -451,16 +526,17 @@ class Pair:
         loop = self.proxy.loop
 
         def work() -> None:
+            result: bytes | Reject | None
             try:
                 result = self.hooks.rewrite(st.ex)
-            except Exception as e:  # a failing hook must not lose the request
+            except Exception:  # a failing hook must not lose the request: it goes as the client sent it
                 log.exception("rewrite hook for %s failed; forwarding unchanged", st.ex.method)
-                result = e
+                result = None
             loop.call_soon_threadsafe(self._rewritten, st, result)
 
         self.proxy.executor.submit(work)
 
-    def _rewritten(self, st: _Stream, result) -> None:
+    def _rewritten(self, st: _Stream, result: bytes | Reject | None) -> None:
         if st.closed or self.closed:
             return
         if isinstance(result, Reject):
@@ -572,7 +648,7 @@ class Pair:
         if self.closed:
             return
         for st in list(self.streams.values()):
-            self._finish(st, 14, reason)
+            self._finish(st, status(S.UNAVAILABLE), reason)
         self.closed = True
         self.client.close()
         if self.upstream is not None:
@@ -580,19 +656,21 @@ class Pair:
 
 
 class _ClientProtocol(asyncio.Protocol):
-    def __init__(self, proxy: "Proxy"):
+    def __init__(self, proxy: Proxy):
         self.proxy = proxy
         self.pair: Pair | None = None
-        self.fallback: "_ErrorResponder | None" = None
+        self.fallback: _ErrorResponder | None = None
         self.early: list[bytes] = []  # client bytes received before the runtime connection settled
 
-    def connection_made(self, transport: asyncio.Transport) -> None:
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
         self.transport = transport
         self.pair = Pair(self.proxy, transport)
         self.proxy.loop.create_task(self._connect())
 
     async def _connect(self) -> None:
         pair = self.pair
+        assert pair is not None
         problem = self.proxy.refusal()
         if problem is None:
             try:
@@ -600,8 +678,8 @@ class _ClientProtocol(asyncio.Protocol):
                                                              self.proxy.upstream_path)
                 return
             except OSError as e:
-                problem = (14, f"cri-resmgr relay: runtime {self.proxy.upstream_path} unreachable: "
-                               f"{e.strerror or e}")
+                problem = (status(S.UNAVAILABLE),
+                           f"cri-resmgr relay: runtime {self.proxy.upstream_path} unreachable: {e.strerror or e}")
                 self.proxy.upstream_down(problem[1])
         # Answer every call on this connection with the error until the runtime is back, then GOAWAY.
         pair.closed = True
@@ -647,7 +725,8 @@ class _UpstreamProtocol(asyncio.Protocol):
         self.pair = pair
         self.client = client
 
-    def connection_made(self, transport: asyncio.Transport) -> None:
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
         self.pair.upstream = transport
         self.pair.proxy.upstream_up()
         if self.pair.closed:
@@ -674,7 +753,7 @@ class _ErrorResponder:
     acknowledged, pings answered, and every call gets ``code`` at once. When the runtime is reachable
     again the connection is sent GOAWAY so that the client reconnects through the proxy."""
 
-    def __init__(self, proxy: "Proxy", transport: asyncio.Transport, code: int, message: str):
+    def __init__(self, proxy: Proxy, transport: asyncio.Transport, code: int, message: str):
         self.proxy = proxy
         self.transport = transport
         self.code, self.message = code, message
@@ -711,7 +790,15 @@ class _ErrorResponder:
                 out.append(frame(WINDOW_UPDATE, 0, 0, length.to_bytes(4, "big")))
             elif ftype in (HEADERS, CONTINUATION):
                 if ftype == HEADERS:
-                    d.block_fragments, d.block_stream = [], sid
+                    d.block_fragments, d.block_stream, d.block_size = [], sid, 0
+                d.block_size += length
+                if d.block_size > self.proxy.max_header_block:
+                    self.proxy.count_reset("header_block")
+                    self.transport.write(frame(GOAWAY, 0, 0, self.last_stream.to_bytes(4, "big")
+                                               + H2_ENHANCE_YOUR_CALM.to_bytes(4, "big")))
+                    self.transport.close()
+                    self.lost()
+                    return
                 d.block_fragments.append(_fragment(ftype, flags, payload))
                 if flags & F_END_HEADERS:
                     headers = decode_block(d.decoder, b"".join(d.block_fragments))
@@ -751,20 +838,29 @@ class Proxy:
     def __init__(self, upstream_path: str, hooks: Hooks, executor: Executor,
                  refusal: Callable[[], tuple[int, str] | None] = lambda: None,
                  on_upstream: Callable[[bool, str], None] = lambda up, why: None,
-                 backoff_initial: float = 0.1, backoff_max: float = 2.0):
+                 backoff_initial: float = 0.1, backoff_max: float = 2.0,
+                 max_header_block: int = MAX_HEADER_BLOCK, max_held_message: int = MAX_HELD_MESSAGE,
+                 on_reset: Callable[[str], None] = lambda reason: None):
         self.upstream_path = upstream_path
         self.hooks = hooks
         self.executor = executor
         self.refusal = refusal  # () -> (code, message) while calls must be refused (e.g. untested runtime)
         self.on_upstream = on_upstream
         self.backoff_initial, self.backoff_max = backoff_initial, backoff_max
-        self.loop: asyncio.AbstractEventLoop | None = None
+        self.max_header_block, self.max_held_message = max_header_block, max_held_message
+        self.count_reset = on_reset  # (reason) for every stream or connection the proxy ends itself
+        self._loop: asyncio.AbstractEventLoop | None = None
         self.server: asyncio.base_events.Server | None = None
         self._up: bool | None = None
 
     async def start(self, path: str) -> None:
-        self.loop = asyncio.get_running_loop()
+        self._loop = asyncio.get_running_loop()
         self.server = await self.loop.create_unix_server(lambda: _ClientProtocol(self), path)
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        assert self._loop is not None, "Proxy.start() first"
+        return self._loop
 
     def upstream_up(self) -> None:
         if self._up is not True:

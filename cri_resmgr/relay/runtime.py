@@ -1,20 +1,25 @@
-"""The relay's own CRI client to the runtime (resync, reconcile, pool updates, moves, events).
+"""The relay's own CRI client to the runtime (resync, reconcile, pool updates, moves, events), and the
+engine's :class:`~cri_resmgr.placement.runtime.RuntimePort` over it (:class:`CriRuntime`).
 
 Messages are the runtime.v1 stubs of ``container-runtime-interface-api`` (generated from
-kubernetes/cri-api ``pkg/apis/runtime/v1/api.proto``). Calls always carry a timeout, and the channel
-reconnects with a short back-off so that a restarted runtime is found again within ~2 s.
+kubernetes/cri-api ``pkg/apis/runtime/v1/api.proto``). Calls always carry a timeout (a deadline), and the
+channel reconnects with a short back-off so that a restarted runtime is found again within ~2 s.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 from cri_api.v1 import api_pb2 as pb
 from cri_api.v1 import api_pb2_grpc as pbg
+
+from ..placement.estimate import Resources
+from ..placement.model import State
+from ..placement.runtime import ContainerRecord, PodRecord, RuntimeCallError, RuntimeSnapshot
 
 TESTED_RUNTIMES = ("containerd", "cri-o")
 
@@ -25,8 +30,8 @@ CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", 16 << 20),  # kubelet's own limit for CRI responses
 ]
 
-STATE_NAMES = {pb.CONTAINER_CREATED: "created", pb.CONTAINER_RUNNING: "running", pb.CONTAINER_EXITED: "exited",
-               pb.CONTAINER_UNKNOWN: "unknown"}
+STATE_NAMES = {pb.CONTAINER_CREATED: State.CREATED, pb.CONTAINER_RUNNING: State.RUNNING,
+               pb.CONTAINER_EXITED: State.EXITED, pb.CONTAINER_UNKNOWN: State.UNKNOWN}
 
 
 def cri_methods() -> frozenset[str]:
@@ -103,3 +108,77 @@ class RuntimeClient:
     def events(self) -> Iterator[pb.ContainerEventResponse]:
         """GetContainerEvents (CRI v1, containerd >= 1.7, CRI-O >= 1.26); UNIMPLEMENTED elsewhere."""
         return self.rt.GetContainerEvents(pb.GetEventsRequest())
+
+
+def resources_of(res: pb.LinuxContainerResources) -> Resources:
+    return Resources(cpu_shares=res.cpu_shares, cpu_quota=res.cpu_quota, cpu_period=res.cpu_period,
+                     memory_limit_bytes=res.memory_limit_in_bytes, cpuset_cpus=res.cpuset_cpus,
+                     cpuset_mems=res.cpuset_mems)
+
+
+def _call_error(e: grpc.RpcError, what: str) -> RuntimeCallError:
+    code = e.code() if hasattr(e, "code") else grpc.StatusCode.UNKNOWN
+    details = e.details() if hasattr(e, "details") else str(e)
+    return RuntimeCallError(f"{what}: {code.name}: {details}", not_found=code == grpc.StatusCode.NOT_FOUND,
+                            unavailable=code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED))
+
+
+class CriRuntime:
+    """The placement engine's runtime port over CRI. ``resources`` blobs are hex of LinuxContainerResources:
+    an update resends the whole message (limits as last sent) with the new cpuset."""
+
+    def __init__(self, client: RuntimeClient, before_snapshot: Callable[[float], object] | None = None):
+        self.client = client
+        self.before_snapshot = before_snapshot  # the relay checks the runtime's Version first
+
+    def describe(self) -> str:
+        return str(self.client.path)
+
+    def update_cpuset(self, container_id: str, cpus: str, mems: str, resources: str, timeout: float) -> str:
+        res = pb.LinuxContainerResources.FromString(bytes.fromhex(resources)) if resources else \
+            pb.LinuxContainerResources()
+        res.cpuset_cpus, res.cpuset_mems = cpus, mems
+        try:
+            self.client.rt.UpdateContainerResources(
+                pb.UpdateContainerResourcesRequest(container_id=container_id, linux=res), timeout=timeout)
+        except grpc.RpcError as e:
+            raise _call_error(e, f"UpdateContainerResources {container_id[:12]}") from None
+        return res.SerializeToString().hex()
+
+    def snapshot(self, timeout: float, known: frozenset[str]) -> RuntimeSnapshot:
+        c = self.client
+        try:
+            if self.before_snapshot is not None:
+                self.before_snapshot(timeout)
+            pods_pb = c.rt.ListPodSandbox(pb.ListPodSandboxRequest(), timeout=timeout).items
+            ctrs_pb = c.rt.ListContainers(pb.ListContainersRequest(), timeout=timeout).containers
+        except grpc.RpcError as e:
+            raise _call_error(e, "list") from None
+        pods = []
+        for p in pods_pb:
+            parent = ""
+            if p.id not in known:
+                try:
+                    parent = c.pod_cgroup_parent(p.id)
+                except grpc.RpcError:
+                    parent = ""
+            pods.append(PodRecord(id=p.id, name=p.metadata.name, namespace=p.metadata.namespace, uid=p.metadata.uid,
+                                  cgroup_parent=parent, annotations=dict(p.annotations), labels=dict(p.labels),
+                                  ready=p.state == pb.SANDBOX_READY, created=p.created_at / 1e9))
+        ctrs = []
+        for it in ctrs_pb:
+            res: Resources | None = None
+            parent, blob = "", ""
+            if it.id not in known:
+                try:
+                    d = c.container_detail(it.id)
+                except grpc.RpcError:
+                    continue  # gone meanwhile, or not answerable now: seen at the next reconcile
+                if d.resources is not None:
+                    res, blob = resources_of(d.resources), d.resources.SerializeToString().hex()
+                parent = d.cgroup_parent
+            ctrs.append(ContainerRecord(id=it.id, pod_id=it.pod_sandbox_id, name=it.metadata.name,
+                                        state=STATE_NAMES.get(it.state, State.UNKNOWN),
+                                        annotations=dict(it.annotations), resources=res, cgroup_parent=parent,
+                                        resources_blob=blob, created=it.created_at / 1e9))
+        return RuntimeSnapshot(pods, ctrs)

@@ -8,7 +8,11 @@ control socket.
 Start-up order: single-instance lock (``run_dir/cri-resmgr-relay.lock``), topology, the runtime's
 ``Version`` (must name containerd or CRI-O unless ``relay.allow_untested_runtimes``), the cache from
 ``state_dir`` reconciled with the runtime, then the sockets. A relay socket left by a dead relay is
-removed only when nothing accepts connections on it.
+removed only when nothing accepts connections on it. A cache file that cannot be used never stops the
+relay: it is moved aside and the state rebuilt from the runtime.
+
+SIGHUP re-reads the configuration file and hands it to the resource controllers (``controls.*``); a
+configuration they refuse is logged and the running one kept.
 """
 
 from __future__ import annotations
@@ -24,19 +28,23 @@ import socket
 import stat
 import sys
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import grpc
 
-from ..config import Config, parse_listen
+from ..config import Config, ConfigError, parse_listen
+from ..placement.api import ContainerView
+from ..placement.engine import Engine, EngineSettings
 from ..topology import discover
 from . import control
-from .core import Relay
+from .core import CriFrontEnd
 from .dump import Dumper
 from .h2proxy import Hooks, Proxy
-from .runtime import RuntimeClient, cri_methods, untested_runtime
+from .runtime import CriRuntime, RuntimeClient, cri_methods, untested_runtime
 from .stats import RelayStats
 
 log = logging.getLogger("cri_resmgr.relay")
@@ -100,14 +108,15 @@ def follow_runtime_socket(path: Path, runtime: Path) -> None:
     except OSError:
         mode, uid, gid = 0o660, None, None
     os.chmod(path, mode)
-    if uid is not None and os.geteuid() == 0:
+    if uid is not None and gid is not None and os.geteuid() == 0:
         os.chown(path, uid, gid)
 
 
 class _MetricsHandler(BaseHTTPRequestHandler):
     text_fn = staticmethod(lambda: "")
+    timeout = 5  # seconds a connection may stay idle or slow: no thread is held by a silent client
 
-    def do_GET(self):  # noqa: N802 (http.server's naming)
+    def do_GET(self):
         if self.path.split("?")[0] != "/metrics":
             self.send_error(404)
             return
@@ -123,16 +132,21 @@ class _MetricsHandler(BaseHTTPRequestHandler):
 
 
 class RelayProcess:
-    def __init__(self, cfg: Config):
+    def __init__(self, cfg: Config, reload_config: Callable[[], Config] | None = None):
         self.cfg = cfg
+        self.reload_config = reload_config
         self.rc = cfg.relay
         self.run_dir = Path(cfg.run_dir)
         self.state_dir = Path(cfg.state_dir)
         self.control_path = Path(self.rc.control_socket or self.run_dir / CONTROL_NAME)
         self.lock_fd: int | None = None
         self.stats = RelayStats(cri_methods())
-        self.executor = ThreadPoolExecutor(max_workers=4, thread_name_prefix="relay-worker")
-        self.relay: Relay | None = None
+        # Rewrites and held starts (a start may wait up to relay.runtime_timeout_seconds, at most 5 s, for
+        # its CPUs to be vacated) and ListContainers parsing; pool updates have a thread of their own.
+        self.executor = ThreadPoolExecutor(max_workers=8, thread_name_prefix="relay-worker")
+        self.engine: Engine | None = None
+        self.relay: CriFrontEnd | None = None
+        self.controls: Any = None
         self.dumper: Dumper | None = None
         self.sockets: list[Path] = []
         self.control_server: grpc.Server | None = None
@@ -141,7 +155,10 @@ class RelayProcess:
     def metrics_text(self) -> str:
         if self.relay is not None:
             self.stats.gauges = self.relay.gauges()
-        return self.stats.render()
+        text = self.stats.render()
+        if self.controls is not None:
+            text += self.controls.metrics_text()
+        return text
 
     def prepare(self) -> None:
         # hpack logs every header it decodes at DEBUG: never wanted, and costly on the forwarding path.
@@ -168,34 +185,80 @@ class RelayProcess:
                         self.rc.runtime_socket, e.code().name)
         if self.rc.dump_file:
             self.dumper = Dumper(self.rc.dump_file)
+        port = CriRuntime(runtime)
         try:
-            self.relay = Relay(self.rc, topo, self.state_dir, runtime, self.executor, self.stats, self.dumper)
+            self.engine = Engine(EngineSettings.from_relay_config(self.rc), topo, self.state_dir, port,
+                                 cgroup_root=Path(self.cfg.paths.cgroup))
         except ValueError as e:
             raise StartupError(f"relay: {e}", code=2) from None
+        self.relay = CriFrontEnd(self.rc, self.engine, runtime, self.executor.submit, self.stats, self.dumper)
+        port.before_snapshot = self.relay.check_version
+        self._add_controls()
         summary = self.relay.resync()
         if summary is not None:
-            log.info("resync: %s; %d pods, %d containers cached", summary, len(self.relay.cache.pods),
-                     len(self.relay.cache.containers))
-            self.relay.runtime_up = True
+            pods, ctrs = self.engine.counts()
+            log.info("resync: %s; %d pods, %d containers cached", summary, pods, ctrs)
         claim_socket(Path(self.rc.socket))
         if self.rc.image_socket and self.rc.image_relay_socket:
             claim_socket(Path(self.rc.image_relay_socket))
         claim_socket(self.control_path)
+
+    def _add_controls(self) -> None:
+        """The resource controllers (RDT, block I/O, RT: docs/resource-control.md) as an engine controller."""
+        try:
+            from ..placement.controllers.manager import ControlManager
+        except ImportError:  # the controllers are a separate part; the relay works without them
+            return
+        try:
+            self.controls = ControlManager.from_config(self.cfg)
+        except ConfigError as e:
+            raise StartupError(e.render(), code=2) from None
+        assert self.engine is not None and self.relay is not None
+        self.engine.add_controller(self.controls)
+        controls = self.controls
+
+        def decorate(v: ContainerView) -> None:
+            v.controls = controls.container_classes(v.id)
+            v.control_errors = controls.container_errors(v.id)
+
+        self.relay.decorate = decorate
+
+    def reload(self) -> None:
+        """SIGHUP: re-read the configuration; the resource controllers re-enforce with the new one."""
+        if self.reload_config is None or self.controls is None or self.engine is None:
+            log.info("SIGHUP: nothing to reload")
+            return
+        try:
+            cfg = self.reload_config()
+        except ConfigError as e:
+            log.error("reload rejected: %s", "; ".join(e.problems))
+            return
+        problems = self.controls.reconfigure(cfg)
+        if problems:
+            log.error("reload rejected: %s", "; ".join(problems))
+            return
+        log.info("configuration reloaded")
+        self.engine.reload_controllers()
 
     async def serve(self, ready: threading.Event | None = None) -> None:
         loop = asyncio.get_running_loop()
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(signal.SIGHUP, lambda: loop.run_in_executor(None, self.reload))
         relay = self.relay
+        engine = self.engine
+        assert relay is not None and engine is not None, "prepare() first"
         proxy = Proxy(str(self.rc.runtime_socket), relay, self.executor, refusal=relay.refusal,
-                      on_upstream=relay.on_upstream)
+                      on_upstream=relay.on_upstream, on_reset=self.stats.reset,
+                      # A restarted runtime is found within half a second, and kubelet's connection sent GOAWAY.
+                      backoff_max=0.5)
         await proxy.start(str(self.rc.socket))
         follow_runtime_socket(Path(self.rc.socket), Path(self.rc.runtime_socket))
         self.sockets.append(Path(self.rc.socket))
         proxies = [proxy]
         if self.rc.image_socket and self.rc.image_relay_socket:
-            img = Proxy(str(self.rc.image_socket), _PassThrough(relay), self.executor)
+            img = Proxy(str(self.rc.image_socket), _PassThrough(relay), self.executor, on_reset=self.stats.reset)
             await img.start(str(self.rc.image_relay_socket))
             follow_runtime_socket(Path(self.rc.image_relay_socket), Path(self.rc.image_socket))
             self.sockets.append(Path(self.rc.image_relay_socket))
@@ -207,7 +270,8 @@ class RelayProcess:
             handler = type("H", (_MetricsHandler,), {"text_fn": staticmethod(self.metrics_text)})
             self.http = ThreadingHTTPServer((host, port), handler)
             threading.Thread(target=self.http.serve_forever, name="relay-metrics", daemon=True).start()
-        relay.start_threads()
+        engine.start()
+        engine.spawn("events", relay.events_loop)
         gc.freeze()  # objects from start-up never need collecting: keeps GC pauses off the forwarding path
         log.info("relay listening on %s -> %s (control %s)", self.rc.socket, self.rc.runtime_socket,
                  self.control_path)
@@ -223,8 +287,8 @@ class RelayProcess:
             self.control_server.stop(grace=1)
         if self.http is not None:
             self.http.shutdown()
-        if self.relay is not None:
-            self.relay.stop()
+        if self.engine is not None:
+            self.engine.stop()
         for p in self.sockets:
             p.unlink(missing_ok=True)
         if self.dumper is not None:
@@ -237,15 +301,15 @@ class RelayProcess:
 class _PassThrough(Hooks):
     """Hooks for the image-service socket: forward everything, count it in the relay's metrics."""
 
-    def __init__(self, relay: Relay):
+    def __init__(self, relay: CriFrontEnd):
         self.relay = relay
 
     def finished(self, method: str, code: int, seconds: float) -> None:
         self.relay.finished(method, code, seconds)
 
 
-def run(cfg: Config) -> int:
-    proc = RelayProcess(cfg)
+def run(cfg: Config, reload_config: Callable[[], Config] | None = None) -> int:
+    proc = RelayProcess(cfg, reload_config)
     try:
         proc.prepare()
         asyncio.run(proc.serve())

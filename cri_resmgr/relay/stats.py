@@ -1,9 +1,8 @@
 """Request counters and latency histograms of the relay, kept cheap enough for the forwarding path.
 
 Recording is a dict update and a bisect under a lock (~1 µs); the Prometheus text is built only when
-someone asks (the control socket's ``Metrics`` call, or ``relay.metrics_listen``), following the text
-exposition format (prometheus/docs content/docs/instrumenting/exposition_formats.md: a histogram is
-cumulative ``_bucket{le=...}`` series ending in ``+Inf``, plus ``_sum`` and ``_count``).
+someone asks (the control socket's ``Metrics`` call, or ``relay.metrics_listen``), by the project's one text
+writer (:mod:`cri_resmgr.export.exposition`: escaping and value spelling as prometheus_client).
 """
 
 from __future__ import annotations
@@ -13,6 +12,7 @@ import threading
 from dataclasses import dataclass, field
 
 from .. import metrics as M
+from ..export.exposition import format_family, format_histogram
 
 # 50 µs doubling to ~13 s: forwarded calls take 0.1-1 ms, container creation 0.1-1 s.
 BUCKETS = tuple(50e-6 * 2**i for i in range(19))
@@ -25,14 +25,6 @@ class _Histogram:
     n: int = 0
 
 
-def _fmt(v: float) -> str:
-    return repr(float(v)) if v != float("inf") else "+Inf"
-
-
-def _escape(v: str) -> str:
-    return v.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-
-
 class RelayStats:
     def __init__(self, known_methods: frozenset[str] = frozenset()):
         self.known = known_methods
@@ -40,6 +32,11 @@ class RelayStats:
         self.hist: dict[str, _Histogram] = {}
         self.lock = threading.Lock()
         self.gauges: dict[str, float] = {}
+        self.resets: dict[str, int] = {}  # reason -> streams/connections the proxy ended itself
+
+    def reset(self, reason: str) -> None:
+        with self.lock:
+            self.resets[reason] = self.resets.get(reason, 0) + 1
 
     def method_label(self, path: str) -> str:
         # Only CRI methods get their own label: a client inventing paths must not grow the series set.
@@ -68,22 +65,13 @@ class RelayStats:
             reqs = sorted(self.requests.items())
             hists = {m: (_Histogram(list(h.counts), h.total, h.n)) for m, h in sorted(self.hist.items())}
             gauges = dict(self.gauges)
-        out = []
-        spec = M.RELAY_REQUESTS
-        out.append(f"# HELP {spec.name} {spec.help}\n# TYPE {spec.name} counter\n")
-        for (m, code), v in reqs:
-            out.append(f'{spec.name}{{method="{_escape(m)}",code="{_escape(code)}"}} {v}\n')
-        spec = M.RELAY_REQUEST_DURATION
-        out.append(f"# HELP {spec.name} {spec.help}\n# TYPE {spec.name} histogram\n")
-        for m, h in hists.items():
-            acc = 0
-            lab = f'method="{_escape(m)}"'
-            for le, c in zip((*BUCKETS, float("inf")), h.counts):
-                acc += c
-                out.append(f'{spec.name}_bucket{{{lab},le="{_fmt(le)}"}} {acc}\n')
-            out.append(f"{spec.name}_sum{{{lab}}} {_fmt(h.total)}\n{spec.name}_count{{{lab}}} {h.n}\n")
+            resets = sorted(self.resets.items())
+        out = [format_family(M.RELAY_REQUESTS, [([("method", m), ("code", code)], float(n)) for (m, code), n in reqs]),
+               format_histogram(M.RELAY_REQUEST_DURATION,
+                                [([("method", m)], BUCKETS, h.counts, h.total) for m, h in hists.items()]),
+               format_family(M.RELAY_STREAMS_RESET, [([("reason", r)], float(n)) for r, n in resets])]
         for name, v in sorted(gauges.items()):
-            s = M.lookup(name)
-            if s is not None:
-                out.append(f"# HELP {s.name} {s.help}\n# TYPE {s.name} {s.type}\n{s.name} {_fmt(v)}\n")
+            spec = M.lookup(name)
+            if spec is not None:
+                out.append(format_family(spec, [((), v)]))
         return "".join(out)

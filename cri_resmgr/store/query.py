@@ -6,12 +6,16 @@ Time buckets follow Prometheus' convention: the point at time ``t`` summarises s
 
 from __future__ import annotations
 
+import math
 import re
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
+import re2
 
+from .. import metrics as M
 from .tsdb import SeriesRef, Store
 
 Agg = Literal["avg", "max", "min", "sum", "last"]
@@ -19,8 +23,42 @@ AGGS: tuple[str, ...] = ("avg", "max", "min", "sum", "last")
 MAX_POINTS = 11_000  # like Prometheus: refuse queries that would return absurdly many points per series
 
 
+# Series × steps one response may hold. Each point costs about 61 bytes of peak memory while the answer is
+# built (measured, issue 12), so this caps one request near 30 MB whatever the store holds.
+MAX_RESPONSE_POINTS = 500_000
+# Longest regular expression accepted in a matcher (bytes of the pattern as given). RE2 bounds the work of a
+# match by the input's length, and the compiled program's size by its memory budget; this bounds compiling.
+MAX_REGEX_BYTES = 4096
+# RE2's memory budget for one compiled matcher (its DFA cache and program): patterns that need more fail to
+# compile and are answered 400.
+_RE2_MAX_MEM = 8 << 20
+
+
 class QueryError(ValueError):
     """A query that cannot be answered as asked; the message says which parameter is wrong."""
+
+
+def _re2_options() -> re2.Options:
+    o = re2.Options()
+    o.max_mem = _RE2_MAX_MEM
+    o.log_errors = False
+    return o
+
+
+_RE2_OPTIONS = _re2_options()
+
+
+def compile_regex(pattern: str, param: str = "match[]") -> re2._Regexp:
+    """Compile a label regular expression as Prometheus does: RE2 syntax, fully anchored, ``.`` also
+    matching a newline (``^(?s:pattern)$``, see prometheus/model/labels/regexp.go). RE2 runs in time linear
+    in the input, so no pattern can stall the agent. Raises QueryError naming ``param``."""
+    if len(pattern.encode()) > MAX_REGEX_BYTES:
+        raise QueryError(f"{param}: regular expression of {len(pattern.encode())} bytes is longer than the "
+                         f"limit of {MAX_REGEX_BYTES}")
+    try:
+        return re2.compile(f"^(?s:{pattern})$", _RE2_OPTIONS)
+    except re2.error as e:
+        raise QueryError(f"{param}: bad regular expression {pattern!r}: {e}") from None
 
 
 @dataclass(frozen=True)
@@ -28,60 +66,171 @@ class Matcher:
     label: str
     op: Literal["=", "!=", "=~", "!~"]
     value: str
+    _rx: re2._Regexp | None = field(default=None, init=False, repr=False, compare=False)
 
-    def matches(self, labels: dict[str, str]) -> bool:
+    def __post_init__(self) -> None:
+        if self.op in ("=~", "!~"):
+            object.__setattr__(self, "_rx", compile_regex(self.value))
+
+    def matches(self, labels: Mapping[str, str]) -> bool:
         v = labels.get(self.label, "")
         if self.op == "=":
             return v == self.value
         if self.op == "!=":
             return v != self.value
-        hit = re.fullmatch(self.value, v) is not None
+        assert self._rx is not None
+        hit = self._rx.search(v) is not None
         return hit if self.op == "=~" else not hit
 
 
-_MATCHER = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!~|!=|=)\s*(?:"((?:[^"\\]|\\.)*)"|([^,}"]*))\s*')
+_SIMPLE_ESCAPES = {"a": "\a", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t", "v": "\v", "\\": "\\"}
+_HEX = frozenset("0123456789abcdefABCDEF")
 
 
-def parse_matchers(text: str) -> list[Matcher]:
-    """Parse ``{a="x", b=~"y.*"}`` or ``a=x,b!=y``. Raises QueryError naming the bad part."""
+def unquote_go(body: str, quote: str, param: str = "match[]") -> str:
+    """Unescape the inside of a Go string literal as Go's ``strconv.Unquote`` does (the PromQL lexer uses it;
+    https://go.dev/ref/spec#String_literals): ``\\a \\b \\f \\n \\r \\t \\v \\\\``, the quote itself (``\\"`` in
+    double, ``\\'`` in single quotes), ``\\NNN`` octal and ``\\xNN`` bytes, ``\\uNNNN`` and ``\\UNNNNNNNN`` code
+    points. Other characters stand for their UTF-8 bytes. Raises QueryError naming ``param``; the result
+    must be valid UTF-8."""
+    if "\\" not in body:
+        return body
+    out = bytearray()
+    i, n = 0, len(body)
+    while i < n:
+        c = body[i]
+        if c != "\\":
+            j = body.find("\\", i)
+            j = n if j < 0 else j
+            out += body[i:j].encode("utf-8", "surrogatepass")
+            i = j
+            continue
+        if i + 1 >= n:
+            raise QueryError(f"{param}: string ends inside an escape sequence")
+        e = body[i + 1]
+        if e in _SIMPLE_ESCAPES:
+            out += _SIMPLE_ESCAPES[e].encode()
+            i += 2
+        elif e == quote:
+            out += e.encode()
+            i += 2
+        elif e in "01234567":
+            digits = body[i + 1:i + 4]
+            if len(digits) < 3 or any(d not in "01234567" for d in digits) or int(digits, 8) > 255:
+                raise QueryError(f"{param}: bad octal escape \\{digits!s} (expected three octal digits ≤ 377)")
+            out.append(int(digits, 8))
+            i += 4
+        elif e in "xuU":
+            width = {"x": 2, "u": 4, "U": 8}[e]
+            digits = body[i + 2:i + 2 + width]
+            if len(digits) < width or any(d not in _HEX for d in digits):
+                raise QueryError(f"{param}: bad escape \\{e}{digits} (expected {width} hex digits)")
+            v = int(digits, 16)
+            if e == "x":
+                out.append(v)
+            else:
+                if v > 0x10FFFF or 0xD800 <= v <= 0xDFFF:
+                    raise QueryError(f"{param}: escape \\{e}{digits} is not a Unicode code point")
+                out += chr(v).encode()
+            i += 2 + width
+        else:
+            raise QueryError(f"{param}: unknown escape sequence \\{e}")
+    try:
+        return out.decode("utf-8")
+    except UnicodeDecodeError:
+        raise QueryError(f"{param}: the escaped string is not valid UTF-8") from None
+
+
+_LABEL = re.compile(r"\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!~|!=|=)\s*")
+_BARE = re.compile(r'[^,}"\'`]*')
+
+
+def _string_end(t: str, pos: int, quote: str) -> int:
+    """Index of the closing quote of the literal opened at ``t[pos]``, or -1."""
+    i = pos + 1
+    while i < len(t):
+        if t[i] == "\\" and quote != "`":
+            i += 2
+            continue
+        if t[i] == quote:
+            return i
+        i += 1
+    return -1
+
+
+def parse_matchers(text: str, param: str = "match[]") -> list[Matcher]:
+    """Parse ``{a="x", b=~"y.*"}`` or ``a=x,b!=y``. Values are PromQL string literals (double, single or
+    back quotes, Go escapes) or bare words. Raises QueryError naming ``param`` and the bad part."""
     t = text.strip()
     if t.startswith("{"):
         if not t.endswith("}"):
-            raise QueryError(f"matcher {text!r}: missing closing brace")
+            raise QueryError(f"{param}: matcher {text!r}: missing closing brace")
         t = t[1:-1]
     out: list[Matcher] = []
     pos = 0
     while pos < len(t):
-        m = _MATCHER.match(t, pos)
+        m = _LABEL.match(t, pos)
         if not m:
-            raise QueryError(f"matcher {text!r}: cannot parse at {t[pos:]!r}; expected label=\"value\"")
-        label, op, quoted, bare = m.groups()
-        value = bytes(quoted, "utf-8").decode("unicode_escape") if quoted is not None else (bare or "").strip()
-        if op in ("=~", "!~"):
-            try:
-                re.compile(value)
-            except re.error as e:
-                raise QueryError(f"matcher {text!r}: bad regular expression {value!r}: {e}") from None
-        out.append(Matcher(label, op, value))  # type: ignore[arg-type]
+            raise QueryError(f"{param}: matcher {text!r}: cannot parse at {t[pos:]!r}; expected label=\"value\"")
+        label, op = m.group(1), m.group(2)
         pos = m.end()
+        if pos < len(t) and t[pos] in "\"'`":
+            q = t[pos]
+            end = _string_end(t, pos, q)
+            if end < 0:
+                raise QueryError(f"{param}: matcher {text!r}: unterminated string at {t[pos:]!r}")
+            body = t[pos + 1:end]
+            value = body if q == "`" else unquote_go(body, q, param)
+            pos = end + 1
+        else:
+            b = _BARE.match(t, pos)
+            assert b is not None  # the pattern matches the empty string
+            value = b.group(0).strip()
+            pos = b.end()
+        if op in ("=~", "!~"):
+            compile_regex(value, param)
+        out.append(Matcher(label, op, value))  # type: ignore[arg-type]
+        while pos < len(t) and t[pos].isspace():
+            pos += 1
         if pos < len(t):
             if t[pos] != ",":
-                raise QueryError(f"matcher {text!r}: expected ',' at {t[pos:]!r}")
+                raise QueryError(f"{param}: matcher {text!r}: expected ',' at {t[pos:]!r}")
             pos += 1
     return out
 
 
+# Prometheus' time range: millisecond timestamps in an int64 (its minTime/maxTime).
+MAX_TIME_SECONDS = float((1 << 63) // 1000)
+
+
 def step_times(start: float, end: float, step: float) -> np.ndarray:
-    if not np.isfinite(start) or not np.isfinite(end):
-        raise QueryError("start and end must be finite numbers")
+    for name, v in (("start", start), ("end", end), ("step", step)):
+        if not math.isfinite(v):
+            raise QueryError(f"{name}: must be a finite number of seconds, got {v}")
+        if abs(v) > MAX_TIME_SECONDS:
+            raise QueryError(f"{name}: {v} is outside the representable time range of ±{MAX_TIME_SECONDS:.0f} s")
     if step <= 0:
-        raise QueryError(f"step must be > 0, got {step}")
+        raise QueryError(f"step: must be > 0, got {step}")
     if end < start:
-        raise QueryError(f"end ({end}) is before start ({start})")
-    n = int(np.floor((end - start) / step + 1e-9)) + 1
-    if n > MAX_POINTS:
-        raise QueryError(f"{n} points per series exceeds the limit of {MAX_POINTS}; use a larger step")
+        raise QueryError(f"end: ({end}) is before start ({start})")
+    span = end - start  # may overflow to inf for finite ends far apart
+    # Far-apart finite ends overflow end - start; dividing first keeps the count finite.
+    n_float = (span / step if math.isfinite(span) else end / step - start / step) + 1e-9
+    if not n_float < MAX_POINTS:
+        raise QueryError(f"step: the number of points per series from start to end exceeds the limit of "
+                         f"{MAX_POINTS}; use a larger step "
+                         f"or a shorter start..end")
+    n = int(math.floor(n_float)) + 1
     return start + step * np.arange(n)
+
+
+def check_response_points(series: int, steps: int) -> None:
+    """Refuse an answer of more than :data:`MAX_RESPONSE_POINTS` points before computing it."""
+    if series * steps > MAX_RESPONSE_POINTS:
+        raise QueryError(
+            f"match[]/step: {series} series x {steps} steps = {series * steps} points is more than the limit of "
+            f"{MAX_RESPONSE_POINTS} per response; narrow the query with match[] matchers (fewer series), "
+            f"a larger step or a shorter start..end")
 
 
 def _bucket_bounds(ts: np.ndarray, times: np.ndarray, step: float) -> tuple[np.ndarray, np.ndarray]:
@@ -252,7 +401,9 @@ def query_range(
     # A rate at the first bucket needs the sample just before it.
     lookback = step if fn == "raw" else 2 * step
     by_table: dict[str, list[SeriesRef]] = {}
-    for ref in store.select(metric, matchers):
+    refs_all = store.select(metric, matchers)
+    check_response_points(len(refs_all), len(times))
+    for ref in refs_all:
         by_table.setdefault(ref.table, []).append(ref)
     for table, refs in by_table.items():
         ts, V = store.raw_matrix(table, [r.col for r in refs], start - lookback, end)
@@ -300,7 +451,7 @@ def heatmap(
     if combine not in ("sum", "avg", "max", "min"):
         raise QueryError(f"combine must be one of sum, avg, max, min, got {combine!r}")
     if fn is None:
-        fn = "rate" if metric.endswith("_total") else "raw"
+        fn = M.default_fn(metric)
     times, series = query_range(store, metric, matchers or [], start, end, step, agg=agg, fn=fn)
     names: list[str | None] = [row_label(sr.labels, by) for sr in series]
     rows = sorted({n for n in names if n is not None}, key=_row_sort_key)
@@ -309,7 +460,7 @@ def heatmap(
         return rows, times, matrix
     pos = {r: i for i, r in enumerate(rows)}
     keep = [i for i, n in enumerate(names) if n is not None]
-    gid = np.array([pos[names[i]] for i in keep])
+    gid = np.array([pos[n] for n in names if n is not None])
     S = np.vstack([series[i].values for i in keep])  # series x times
     order = np.argsort(gid, kind="stable")
     S, gid = S[order], gid[order]

@@ -18,14 +18,24 @@ import threading
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple, Protocol
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from .query import Matcher
-
 Labels = tuple[tuple[str, str], ...]
+
+
+class LabelMatcher(Protocol):
+    """What :meth:`Store.select` needs of a matcher (store/query.py's ``Matcher`` is one); a protocol, so the store
+    does not import the query layer that imports it."""
+
+    @property
+    def label(self) -> str: ...
+    @property
+    def op(self) -> str: ...
+    @property
+    def value(self) -> str: ...
+    def matches(self, labels: Mapping[str, str]) -> bool: ...
 
 
 def labels_key(labels: Mapping[str, str]) -> Labels:
@@ -116,7 +126,7 @@ class Block:
         return arrays, meta
 
     @classmethod
-    def from_arrays(cls, arrays, prefix: str, meta: dict) -> "Block":
+    def from_arrays(cls, arrays, prefix: str, meta: dict) -> Block:
         """Inverse of :meth:`to_arrays`; raises ValueError on arrays that do not fit together."""
         b = cls.__new__(cls)
         b.seq0, b.n, b.ncols = int(meta["seq0"]), int(meta["n"]), int(meta["ncols"])
@@ -134,7 +144,7 @@ class Block:
             members = b.gid == g
             k = int(members.sum())
             shape, dtype = ((k, b.n - 1), np.uint64) if w == 8 else ((k, w, b.n - 1), np.uint8)
-            if not (0 <= s and (1 if mode == _XOR else 0) <= w and s + w <= 8) or planes.shape != shape \
+            if not (s >= 0 and (1 if mode == _XOR else 0) <= w and s + w <= 8) or planes.shape != shape \
                     or planes.dtype != dtype or mode not in (_XOR, *SCALES):
                 raise ValueError(f"block {prefix}: group {g} (bytes {s}+{w}) has payload shape {planes.shape}")
             if k and not np.array_equal(np.sort(b.pos[members]), np.arange(k)):
@@ -265,7 +275,7 @@ def _place(x: np.ndarray, xb: np.ndarray, rows, group, src) -> None:
             xb[rows, 1:, s + j] = src[:, j, :]
 
 
-def _decode_one(b: "Block", col: int, out: np.ndarray) -> None:
+def _decode_one(b: Block, col: int, out: np.ndarray) -> None:
     """:func:`_decode` of a single column (``out``: n values): the single-series read, without the
     grouping work."""
     x = out.view(np.uint64)
@@ -284,7 +294,7 @@ def _decode_one(b: "Block", col: int, out: np.ndarray) -> None:
         _undelta(x, b.base[col], group[3], out)
 
 
-def _decode(b: "Block", cols: np.ndarray, out: np.ndarray) -> None:
+def _decode(b: Block, cols: np.ndarray, out: np.ndarray) -> None:
     n, k = b.n, len(cols)
     if k == 1:
         _decode_one(b, int(cols[0]), out[0])
@@ -301,9 +311,8 @@ def _decode(b: "Block", cols: np.ndarray, out: np.ndarray) -> None:
             if g < 0:
                 continue
             group = b.groups[g]
-            sel = np.flatnonzero(gid == g)
-            if len(sel) == k:
-                sel = slice(None)
+            rows = np.flatnonzero(gid == g)
+            sel: np.ndarray | slice = slice(None) if len(rows) == k else rows
             _place(x, xb, sel, group, group[2][b.pos[cols[sel]]])
             if group[3] != _XOR:
                 deltas.append((sel, group[3], b.base[cols[sel]]))
@@ -352,16 +361,27 @@ class Table:
         self.free: list[int] = []
         self.generation = 0  # bumped whenever columns are reclaimed
         self.fast_col: dict[tuple, int] = {}
+        # Rows before this seq are gone whatever the capacity says (it grew on a reload, or a checkpoint held
+        # fewer rows than the capacity now covers).
+        self.first_seq = 0
 
     @property
     def count(self) -> int:
         """Rows kept (≤ capacity)."""
-        return min(self.seq, self.capacity)
+        return self.seq - self.floor
 
     @property
     def floor(self) -> int:
         """seq of the oldest row kept."""
-        return self.seq - self.count
+        return max(self.seq - self.capacity, self.first_seq, 0)
+
+    def resize(self, capacity: int) -> None:
+        """Keep ``capacity`` rows from now on (a collector's interval changed on reload: the retention stays)."""
+        if capacity < 2:
+            raise ValueError("table capacity must be at least 2 rows")
+        self.first_seq = self.floor
+        self.capacity = capacity
+        self.drop_expired()
 
     # -- columns -----------------------------------------------------------------------------------
     def _grow(self) -> None:
@@ -545,6 +565,21 @@ class RowHandle:
     interval_seconds: float
 
 
+class NewRows(NamedTuple):
+    """Rows of one table written after a cursor position (:meth:`Store.rows_since`)."""
+
+    table: str
+    start: int  # the cursor position asked for
+    first: int  # first row still held (> start when the ring overwrote some)
+    end: int  # Table.seq: the cursor position to continue from
+    keys: list[tuple[str, Labels] | None]  # per column, None for a free column
+    ts: np.ndarray
+    values: np.ndarray  # [rows, columns]
+
+
+_REFUSED_KEEP = 65536  # refused series keys remembered (so each counts once); beyond, each refusal counts
+
+
 class Sample(NamedTuple):
     """One value of one series. A NamedTuple: collectors create many of these per run."""
 
@@ -558,11 +593,17 @@ class Store:
         self.retention_seconds = retention_seconds
         self.max_series = max_series
         self.tables: dict[str, Table] = {}
-        self.index: dict[str, dict[Labels, SeriesRef]] = {}
+        self._index: dict[str, dict[Labels, SeriesRef]] = {}
         # per metric: label pair -> series keys, built on first select and dropped whenever the metric
         # gains or loses a series
         self._inverted: dict[str, dict[tuple[str, str], set[Labels]]] = {}
         self.dropped_samples = 0
+        # New series refused at max_series, each counted once (up to _REFUSED_KEEP remembered keys).
+        self.dropped_series = 0
+        self._refused: set[tuple[str, Labels]] = set()
+        # Rows refused because their time was before the table's newest row (the wall clock stepped back):
+        # writing them would break time order, and nudging them just past the newest row made rates spike.
+        self.rows_out_of_order = 0
         self._series = 0
         self._lock = threading.RLock()
 
@@ -570,10 +611,24 @@ class Store:
     def table(self, name: str, interval_seconds: float) -> Table:
         with self._lock:
             t = self.tables.get(name)
-            cap = max(2, int(math.ceil(self.retention_seconds / max(interval_seconds, 1e-3))) + 1)
             if t is None:
-                t = self.tables[name] = Table(name, cap)
+                t = self.tables[name] = Table(name, self.capacity_for(interval_seconds))
             return t
+
+    def capacity_for(self, interval_seconds: float) -> int:
+        """Rows a table written every ``interval_seconds`` keeps to cover the retention."""
+        return max(2, int(math.ceil(self.retention_seconds / max(interval_seconds, 1e-3))) + 1)
+
+    def resize(self, name: str, interval_seconds: float) -> bool:
+        """Re-size a table for a new write interval, so that it still keeps the retention; False if absent."""
+        with self._lock:
+            t = self.tables.get(name)
+            if t is None:
+                return False
+            cap = self.capacity_for(interval_seconds)
+            if cap != t.capacity:
+                t.resize(cap)
+            return True
 
     def append(self, table: str, t: float, samples: Iterable[Sample], interval_seconds: float = 1.0) -> None:
         """Write one row: every sample of ``samples`` at time ``t`` into ``table``."""
@@ -581,8 +636,10 @@ class Store:
             tab = self.table(table, interval_seconds)
             last = tab.last_time()
             if last is not None and t <= last:
-                # Time must advance within a table (wall clock stepped back?): keep order by nudging.
-                t = float(np.nextafter(last, np.inf))
+                if t < last:
+                    self.rows_out_of_order += 1
+                    return
+                t = float(np.nextafter(last, np.inf))  # the same instant twice: keep order by nudging
             cols: list[int] = []
             vals: list[float] = []
             fast = tab.fast_col  # (metric, labels as given) -> column: skips sorting for known series
@@ -594,13 +651,10 @@ class Store:
                     key = (s.metric, lk)
                     col = tab.col_of.get(key)
                     if col is None:
-                        if self._series >= self.max_series:
+                        col = self._new_series(tab, s.metric, lk)
+                        if col is None:
                             self.dropped_samples += 1
                             continue
-                        col, _ = tab.column(key)
-                        self.index.setdefault(s.metric, {})[lk] = SeriesRef(s.metric, lk, table, col)
-                        self._inverted.pop(s.metric, None)
-                        self._series += 1
                     fast[fk] = col
                 cols.append(col)
                 vals.append(s.value)
@@ -609,7 +663,7 @@ class Store:
                 self._reclaim(tab)
 
     def prepare(self, table: str, keys: list[tuple[str, Mapping[str, str]]],
-                interval_seconds: float = 1.0) -> "RowHandle":
+                interval_seconds: float = 1.0) -> RowHandle:
         """Resolve a fixed list of series to columns once, for :meth:`write` (the vector fast path)."""
         with self._lock:
             tab = self.table(table, interval_seconds)
@@ -618,17 +672,11 @@ class Store:
                 lk = labels_key(labels)
                 col = tab.col_of.get((metric, lk))
                 if col is None:
-                    if self._series >= self.max_series:
-                        cols.append(-1)
-                        continue
-                    col, _ = tab.column((metric, lk))
-                    self.index.setdefault(metric, {})[lk] = SeriesRef(metric, lk, table, col)
-                    self._inverted.pop(metric, None)
-                    self._series += 1
-                cols.append(col)
+                    col = self._new_series(tab, metric, lk)
+                cols.append(-1 if col is None else col)
             return RowHandle(table, np.asarray(cols, dtype=np.int64), tab.generation, list(keys), interval_seconds)
 
-    def write(self, handle: "RowHandle", t: float, values: np.ndarray) -> "RowHandle":
+    def write(self, handle: RowHandle, t: float, values: np.ndarray) -> RowHandle:
         """Write one row for a prepared handle; returns the handle to use next time."""
         with self._lock:
             tab = self.tables.get(handle.table)
@@ -637,6 +685,9 @@ class Store:
                 tab = self.tables[handle.table]
             last = tab.last_time()
             if last is not None and t <= last:
+                if t < last:
+                    self.rows_out_of_order += 1
+                    return handle
                 t = float(np.nextafter(last, np.inf))
             values = np.asarray(values, dtype=np.float64)
             ok = handle.cols >= 0
@@ -647,15 +698,59 @@ class Store:
                 self._reclaim(tab)
             return handle
 
+    def _new_series(self, tab: Table, metric: str, lk: Labels) -> int | None:
+        """A column of ``tab`` for a series not stored yet, indexed; None when the store is at max_series."""
+        if self._series >= self.max_series:
+            self._refuse((metric, lk))
+            return None
+        col, _ = tab.column((metric, lk))
+        self._index_series(metric, lk, tab.name, col)
+        return col
+
+    def _index_series(self, metric: str, lk: Labels, table: str, col: int) -> None:
+        """The one place a series enters the index (append, prepare, checkpoint restore)."""
+        self._index.setdefault(metric, {})[lk] = SeriesRef(metric, lk, table, col)
+        self._inverted.pop(metric, None)
+        self._series += 1
+
+    # -- restoring (store/checkpoint.py) -------------------------------------------------------------
+    def replace_table(self, name: str, capacity: int, columns: int) -> Table:
+        """A new empty table under ``name`` (dropping one of that name), for a checkpoint to fill."""
+        with self._lock:
+            tab = self.tables[name] = Table(name, capacity, columns=columns)
+            return tab
+
+    def adopt_series(self, tab: Table, key: tuple[str, Labels], col: int) -> bool:
+        """Index a series a checkpoint placed in column ``col`` of ``tab``; False at max_series (not indexed)."""
+        with self._lock:
+            if self._series >= self.max_series:
+                return False
+            self._index_series(key[0], key[1], tab.name, col)
+            return True
+
+    def clear(self) -> None:
+        """Forget every table and series (undoes a partial checkpoint load)."""
+        with self._lock:
+            self.tables.clear()
+            self._index.clear()
+            self._inverted.clear()
+            self._series = 0
+
+    def _refuse(self, key: tuple[str, Labels]) -> None:
+        if key not in self._refused:
+            self.dropped_series += 1
+            if len(self._refused) < _REFUSED_KEEP:
+                self._refused.add(key)
+
     def _reclaim(self, tab: Table) -> None:
         for metric, lk in tab.reclaim():
-            series = self.index.get(metric)
+            series = self._index.get(metric)
             self._inverted.pop(metric, None)
             if series and lk in series:
                 del series[lk]
                 self._series -= 1
                 if not series:
-                    del self.index[metric]
+                    del self._index[metric]
 
     # -- reading -----------------------------------------------------------------------------------
     @property
@@ -664,16 +759,45 @@ class Store:
 
     def metrics(self) -> list[str]:
         with self._lock:
-            return sorted(self.index)
+            return sorted(self._index)
 
-    def select(self, metric: str, matchers: Iterable["Matcher"] = ()) -> list[SeriesRef]:
+    def has_metric(self, metric: str) -> bool:
+        with self._lock:
+            return metric in self._index
+
+    def series_by_metric(self) -> dict[str, list[SeriesRef]]:
+        """Every stored series, per metric in first-written order: a snapshot, safe to use without the lock."""
+        with self._lock:
+            return {m: list(series.values()) for m, series in self._index.items()}
+
+    def row_counts(self) -> dict[str, int]:
+        """Rows ever written per table (``Table.seq``): the cursor :meth:`rows_since` continues from."""
+        with self._lock:
+            return {name: tab.seq for name, tab in self.tables.items()}
+
+    def rows_since(self, seen: Mapping[str, int]) -> list[NewRows]:
+        """Per table with rows written after ``seen[table]`` (0 when absent): the ones still held, every column,
+        NaN where a series was not written. ``first > seen`` means rows were overwritten before being read."""
+        out = []
+        with self._lock:
+            for name, tab in self.tables.items():
+                start = seen.get(name, 0)
+                if tab.seq <= start:
+                    continue
+                first = max(start, tab.seq - tab.count)
+                keys = list(tab.keys)
+                ts, values = tab.rows(first, tab.seq, np.arange(len(keys)))
+                out.append(NewRows(name, start, first, tab.seq, keys, ts, values))
+        return out
+
+    def select(self, metric: str, matchers: Iterable[LabelMatcher] = ()) -> list[SeriesRef]:
         """Series of ``metric`` matching all ``matchers``, in the order they were first written. Equality
         matchers are answered from an inverted index; the others are tried on each remaining series."""
         matchers = list(matchers)
         eq = [m for m in matchers if m.op == "=" and m.value != ""]  # ="" also matches a missing label
         rest = [m for m in matchers if not (m.op == "=" and m.value != "")]
         with self._lock:
-            series = self.index.get(metric, {})
+            series = self._index.get(metric, {})
             if eq:
                 inv = self._inverted.get(metric)
                 if inv is None:
@@ -720,9 +844,9 @@ class Store:
         """(ref, time, value) for every live series: written in its table's newest row."""
         out = []
         with self._lock:
-            metrics = [metric] if metric else list(self.index)
+            metrics = [metric] if metric else list(self._index)
             for m in metrics:
-                for ref in self.index.get(m, {}).values():
+                for ref in self._index.get(m, {}).values():
                     tab = self.tables[ref.table]
                     if tab.seq == 0 or tab.last_seq[ref.col] < tab.seq - 1 - max_age_rows:
                         continue
@@ -731,14 +855,10 @@ class Store:
 
     def span(self) -> tuple[float, float] | None:
         with self._lock:
-            lo = hi = None
-            for tab in self.tables.values():
-                if tab.count == 0:
-                    continue
-                a, b = tab.first_time(), tab.last_time()
-                lo = a if lo is None else min(lo, a)
-                hi = b if hi is None else max(hi, b)
-            return None if lo is None else (lo, hi)
+            held = [tab for tab in self.tables.values() if tab.count]
+            firsts = [t for t in (tab.first_time() for tab in held) if t is not None]
+            lasts = [t for t in (tab.last_time() for tab in held) if t is not None]
+            return (min(firsts), max(lasts)) if firsts and lasts else None
 
     # lock for checkpointing
     @property

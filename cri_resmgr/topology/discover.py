@@ -125,14 +125,14 @@ def discover(sysfs: Path) -> Topology:
     if node_dir.is_dir():
         for p in sorted(node_dir.glob("node[0-9]*"), key=lambda p: int(p.name[4:])):
             nid = int(p.name[4:])
-            cpus = cpulist(p / "cpulist") or frozenset()
+            node_cpus = cpulist(p / "cpulist") or frozenset()
             dist_text = read_text(p / "distance") or ""
             try:
                 dists = [int(x) for x in dist_text.split()]
             except ValueError:
                 dists = []
-            numa[nid] = NumaNode(nid, cpus, {i: d for i, d in enumerate(dists)})
-            for c in cpus:
+            numa[nid] = NumaNode(nid, node_cpus, {i: d for i, d in enumerate(dists)})
+            for c in node_cpus:
                 cpu_node[c] = nid
         # The distance file lists one value per *possible* node, in node order; map by position
         # to the node ids actually present (ids can have gaps on some firmware).

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..sysfs import format_cpulist
-from .discover import Topology
+from .discover import Cache, Topology
 
 
 def _size(n: int) -> str:
@@ -34,7 +34,7 @@ def render_tree(t: Topology) -> str:
         for d in t.dies(p):
             lines.append(f"  die {d}")
             die_cpus = {c.id for c in t.cpus.values() if c.package == p and c.die == d}
-            groups = [c for c in l3s if c.cpus & die_cpus] or [None]
+            groups: list[Cache | None] = [c for c in l3s if c.cpus & die_cpus] or [None]
             for l3 in groups:
                 ind = "    "
                 if l3 is not None:

@@ -3,7 +3,6 @@ Pydantic response models; they never trigger collection."""
 
 from __future__ import annotations
 
-import hmac
 import math
 import time
 from pathlib import Path
@@ -19,13 +18,23 @@ from .. import __version__
 from .. import metrics as M
 from ..export.exposition import Exposition
 from ..export.relay_metrics import RelayMetrics
-from ..store import QueryError, heatmap, parse_matchers, query_range
-from ..store.query import AGGS, HEATMAP_BY
+from ..store import QueryError, heatmap, query_range
+from ..store.query import AGGS, HEATMAP_BY, MAX_RESPONSE_POINTS
 from ..sysfs import format_cpulist
-from .rebalancer_api import rebalancer_router
 from . import topology_heatmap as th
+from .guard import (
+    COMMON_RESPONSES,
+    TOKEN_RESPONSES,
+    ErrorModel,
+    HeavyPool,
+    RequestGuard,
+    parse_bearer,
+    token_matches,
+)
+from .params import matchers_of, require_known_metric
+from .rebalancer_api import rebalancer_router
+from .series_api import series_router
 from .ui import mount_ui
-
 
 MatchQ = Annotated[list[str], Query(alias="match[]", description='label matchers, e.g. {cpu="0"}')]
 
@@ -41,6 +50,38 @@ class CollectorModel(BaseModel):
     runs_total: int
     errors_total: int
     last_error: str | None
+
+
+# Series one /api/v1/series answer may list (each a few hundred bytes of JSON).
+MAX_RESPONSE_SERIES = 50_000
+
+
+class LoopModel(BaseModel):
+    name: str
+    running: bool
+    restarts_total: int
+    last_error: str | None
+    last_error_time: float | None
+    started: float | None
+
+
+class StoreTableModel(BaseModel):
+    name: str
+    capacity_rows: int
+    rows: int
+
+
+class StoreStatusModel(BaseModel):
+    series: int
+    max_series: int
+    series_dropped_total: int
+    rows_out_of_order_total: int
+    retention_seconds: float
+    tables: list[StoreTableModel]
+    checkpoint_errors_total: int
+    restore_note: str | None
+    clock_ahead_seconds: float
+    max_response_points: int
 
 
 class ConfigModel(BaseModel):
@@ -107,6 +148,8 @@ class ContainerModel(BaseModel):
     memory_working_set_bytes: int | None
     cpuset: str | None
     last_seen: float
+    controls: dict[str, str] = {}  # resource control -> class, from the relay (docs/resource-control.md)
+    control_errors: dict[str, str] = {}  # resource control -> why its class is not enforced
 
 
 class SeriesModel(BaseModel):
@@ -149,8 +192,11 @@ def _unit(metric: str, fn: str) -> str:
 
 
 def _time_window(start: float | None, end: float | None, step: float | None, default_span: float = 300.0,
-                 points: int = 120) -> tuple[float, float, float]:
-    end = time.time() if end is None else end
+                 points: int = 120, now: float | None = None) -> tuple[float, float, float]:
+    for name, v in (("start", start), ("end", end), ("step", step)):
+        if v is not None and not math.isfinite(v):
+            raise QueryError(f"{name}: must be a finite number of seconds, got {v}")
+    end = (time.time() if now is None else now) if end is None else end
     start = end - default_span if start is None else start
     if step is None:
         step = max(1.0, (end - start) / points)
@@ -170,9 +216,13 @@ def topology_model(t) -> TopologyModel:
     )
 
 
-def create_app(agent) -> FastAPI:
-    app = FastAPI(title="cri-resmgr", version=__version__,
+def create_app(agent, check_host: bool = False) -> FastAPI:
+    """``check_host``: refuse Host headers other than loopback names on a loopback listen (the served agent
+    turns it on; in-process test clients send ``Host: testserver``)."""
+    app = FastAPI(title="cri-resmgr", version=__version__, responses=COMMON_RESPONSES,
                   description="Per-container hardware signals, history and placement on one node.")
+    app.add_middleware(RequestGuard, agent=agent, check_host=check_host)
+    heavy = HeavyPool()
     exposition = Exposition(agent.store, agent.self_metrics)
 
     def relay_control() -> Path:
@@ -181,27 +231,45 @@ def create_app(agent) -> FastAPI:
 
     relay_metrics = RelayMetrics(relay_control)
 
+    def relay_classes() -> dict[str, tuple[dict[str, str], dict[str, str]]]:
+        """Resource-control classes and errors per container id from the relay's state; {} when no relay
+        answers within half a second (docs/resource-control.md)."""
+        path = relay_control()
+        if not path.is_socket():
+            return {}
+        import grpc
+
+        from ..relay.control import ControlClient
+
+        client = ControlClient(path, timeout=0.5)
+        try:
+            return {c.id: (c.controls, c.control_errors) for c in client.state().containers}
+        except grpc.RpcError:
+            return {}
+        finally:
+            client.close()
+
     @app.exception_handler(QueryError)
     async def _query_error(_req, exc: QueryError):
         return JSONResponse(status_code=400, content={"detail": str(exc)})
 
     def require_token(authorization: Annotated[str | None, Header()] = None) -> None:
         token = agent.cfg.api.token
-        if not token:
-            raise HTTPException(403, "mutating endpoints are disabled: set api.token in the configuration")
-        given = (authorization or "").removeprefix("Bearer ").strip()
-        if not hmac.compare_digest(given.encode(), token.encode()):
-            raise HTTPException(401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
+        if token is None:
+            raise HTTPException(403, "api.token: mutating endpoints are disabled; set it in the configuration")
+        if not token_matches(parse_bearer(authorization), token):
+            raise HTTPException(401, "Authorization: missing or wrong bearer token (api.token)",
+                                headers={"WWW-Authenticate": "Bearer"})
 
     @app.get("/metrics", include_in_schema=False)
     def metrics() -> Response:
         return Response(exposition.render() + relay_metrics.text(), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/healthz")
-    def healthz() -> dict[str, str]:
+    async def healthz() -> dict[str, str]:  # on the event loop: no thread hand-off, answers under load
         return {"status": "ok"}
 
-    @app.get("/readyz")
+    @app.get("/readyz", responses={503: {"description": "collectors have not run yet"}})
     def readyz() -> Response:
         if agent.ready():
             return JSONResponse({"status": "ready"})
@@ -209,10 +277,8 @@ def create_app(agent) -> FastAPI:
 
     @app.get("/api/v1/config", response_model=ConfigModel)
     def get_config() -> ConfigModel:
-        st = agent.config
-        active = st.active.model_dump(mode="json")
-        if active.get("api", {}).get("token"):
-            active["api"]["token"] = "<redacted>"
+        st = agent.config_state
+        active = st.active.model_dump(mode="json")  # secrets (SecretStr, URL user info) come out redacted
         return ConfigModel(
             active=active, source=st.source, node_name=st.active.node_name, last_error=st.last_error,
             last_error_time=st.last_error_time, last_reload_time=st.last_reload_time,
@@ -220,14 +286,34 @@ def create_app(agent) -> FastAPI:
             pending_restart=st.pending_restart,
         )
 
-    @app.post("/api/v1/config/reload", response_model=ConfigModel, dependencies=[Depends(require_token)])
+    @app.post("/api/v1/config/reload", response_model=ConfigModel, dependencies=[Depends(require_token)],
+              responses={**TOKEN_RESPONSES, 409: {"model": ErrorModel, "description": "the file was rejected; "
+                                                  "the running configuration stays (detail says why)"}})
     def post_reload() -> ConfigModel:
-        agent.reload()
+        if not agent.reload():
+            raise HTTPException(409, f"config file rejected, the running configuration stays: "
+                                     f"{agent.config_state.last_error}")
         return get_config()
 
     @app.get("/api/v1/collectors", response_model=list[CollectorModel])
     def collectors() -> list[CollectorModel]:
         return [CollectorModel(**h.__dict__) for h in agent.health.values()]
+
+    @app.get("/api/v1/loops", response_model=list[LoopModel])
+    def loops() -> list[LoopModel]:
+        """Supervised background loops (checkpoint, remote_write, rebalancer): restarts after errors."""
+        return [LoopModel(**s.__dict__) for s in agent.loops.values()]
+
+    @app.get("/api/v1/store", response_model=StoreStatusModel)
+    def store_status() -> StoreStatusModel:
+        st = agent.store
+        with st.lock:
+            tables = [StoreTableModel(name=t.name, capacity_rows=t.capacity, rows=t.count) for t in st.tables.values()]
+        return StoreStatusModel(
+            series=st.series_count, max_series=st.max_series, series_dropped_total=st.dropped_series,
+            rows_out_of_order_total=st.rows_out_of_order, retention_seconds=st.retention_seconds, tables=tables,
+            checkpoint_errors_total=agent.checkpoint_errors_total, restore_note=agent.restore_note,
+            clock_ahead_seconds=agent.clock.ahead_seconds, max_response_points=MAX_RESPONSE_POINTS)
 
     @app.get("/api/v1/topology", response_model=TopologyModel)
     def topology() -> TopologyModel:
@@ -237,34 +323,35 @@ def create_app(agent) -> FastAPI:
     def containers() -> list[ContainerModel]:
         col = agent.collectors.get("cgroup")
         out = []
+        classes = relay_classes() if col and col.containers else {}
         for info in (col.containers.values() if col else []):
             i, s = info.identity, info.stats
+            ctl, ctl_errors = classes.get(i.container_id, ({}, {}))
             out.append(ContainerModel(
                 container_id=i.container_id, name=i.name, pod=i.pod, namespace=i.namespace, pod_uid=i.pod_uid,
                 qos_class=i.qos_class, runtime=i.runtime, cgroup_path=i.cgroup_path,
                 cpu_usage_seconds=s.cpu_usage_seconds, memory_usage_bytes=s.memory_usage_bytes,
                 memory_working_set_bytes=s.memory_working_set_bytes,
                 cpuset=format_cpulist(s.cpuset) if s.cpuset is not None else None, last_seen=info.last_seen,
+                controls=ctl, control_errors=ctl_errors,
             ))
         return sorted(out, key=lambda c: (c.namespace, c.pod, c.name, c.container_id))
 
-    def _matchers(match: list[str]) -> list:
-        out = []
-        for m in match:
-            out += parse_matchers(m)
-        return out
+    _matchers = matchers_of
 
     def _known_metric(metric: str) -> None:
-        if metric not in agent.store.index and M.lookup(metric) is None:
-            raise QueryError(f"unknown metric {metric!r}; see /api/v1/series for the stored ones")
+        require_known_metric(agent.store, metric, "/api/v1/series")
 
     @app.get("/api/v1/series", response_model=list[SeriesModel])
     def series(metric: str | None = None, match: MatchQ = []) -> list[SeriesModel]:  # noqa: B006
         ms = _matchers(match)
-        out = []
+        refs = []
         for name in ([metric] if metric else agent.store.metrics()):
-            out += [SeriesModel(metric=r.metric, labels=r.label_dict) for r in agent.store.select(name, ms)]
-        return out
+            refs += agent.store.select(name, ms)
+            if len(refs) > MAX_RESPONSE_SERIES:
+                raise QueryError(f"match[]/metric: more than {MAX_RESPONSE_SERIES} series match; narrow the query "
+                                 f"with metric and match[] matchers (/api/v1/series/summary counts them)")
+        return [SeriesModel(metric=r.metric, labels=r.label_dict) for r in refs]
 
     @app.get("/api/v1/query_range", response_model=RangeModel)
     def range_query(
@@ -272,15 +359,21 @@ def create_app(agent) -> FastAPI:
         match: MatchQ = [],  # noqa: B006
         start: float | None = None,
         end: float | None = None,
-        step: Annotated[float | None, Query(gt=0)] = None,
+        step: Annotated[float | None, Query(description="seconds > 0 between points")] = None,
         agg: Annotated[str, Query(description=f"one of {', '.join(AGGS)}")] = "avg",
         fn: Annotated[str, Query(description="raw, or rate for counters")] = "raw",
-    ) -> RangeModel:
+    ) -> Response:
         _known_metric(metric)
-        start, end, step = _time_window(start, end, step)
-        times, res = query_range(agent.store, metric, _matchers(match), start, end, step, agg=agg, fn=fn)
-        return RangeModel(metric=metric, unit=_unit(metric, fn), times=times.tolist(),
-                          series=[RangeSeries(labels=r.labels, values=_nan_to_none(r.values)) for r in res])
+        start, end, step = _time_window(start, end, step, now=agent.now())
+        ms = _matchers(match)
+
+        def compute() -> str:  # at low priority, and rendered there, not on the event loop that answers /healthz
+            times, res = query_range(agent.store, metric, ms, start, end, step, agg=agg, fn=fn)
+            return RangeModel(metric=metric, unit=_unit(metric, fn), times=times.tolist(),
+                              series=[RangeSeries(labels=r.labels, values=_nan_to_none(r.values)) for r in res]
+                              ).model_dump_json()
+
+        return Response(heavy.run(compute), media_type="application/json")
 
     @app.get("/api/v1/heatmap", response_model=HeatmapModel)
     def heatmap_query(
@@ -289,26 +382,36 @@ def create_app(agent) -> FastAPI:
         match: MatchQ = [],  # noqa: B006
         start: float | None = None,
         end: float | None = None,
-        step: Annotated[float | None, Query(gt=0)] = None,
+        step: Annotated[float | None, Query(description="seconds > 0 between points")] = None,
         agg: str = "avg",
         fn: Annotated[str | None, Query(description="raw or rate; default rate for *_total")] = None,
         combine: Annotated[str, Query(description="how series sharing a row combine: sum, avg, max, min")] = "sum",
-        top: Annotated[int | None, Query(ge=1, description="only the N rows with the largest total, largest first")] = None,
+        top: Annotated[int | None, Query(ge=1, description="only the N rows with the largest total, largest first")
+                       ] = None,
         format: Annotated[str, Query(pattern="^(json|csv)$", description="json, or csv (one line per row)")] = "json",
-    ) -> HeatmapModel:
+    ) -> Response:
         _known_metric(metric)
-        start, end, step = _time_window(start, end, step)
-        rows, times, matrix = heatmap(agent.store, metric, by, start, end, step, agg=agg,
-                                      matchers=_matchers(match), fn=fn, combine=combine)
-        rows, matrix = th.rank_rows(rows, matrix, top)
-        if format == "csv":
-            return PlainTextResponse(th.heatmap_csv(rows, times, matrix), media_type="text/csv",
-                                     headers={"Content-Disposition": f'inline; filename="{metric}-by-{by}.csv"'})
-        eff_fn = fn or ("rate" if metric.endswith("_total") else "raw")
-        return HeatmapModel(metric=metric, by=by, unit=_unit(metric, eff_fn), rows=rows, times=times.tolist(),
-                            values=[_nan_to_none(r) for r in matrix])
+        start, end, step = _time_window(start, end, step, now=agent.now())
+        ms = _matchers(match)
+
+        def compute() -> Response:  # at low priority, and rendered there, not on the event loop
+            rows, times, matrix = heatmap(agent.store, metric, by, start, end, step, agg=agg, matchers=ms, fn=fn,
+                                          combine=combine)
+            rows, matrix = th.rank_rows(rows, matrix, top)
+            if format == "csv":
+                return PlainTextResponse(th.heatmap_csv(rows, times, matrix), media_type="text/csv",
+                                         headers={"Content-Disposition": f'inline; filename="{metric}-by-{by}.csv"'})
+            eff_fn = fn or M.default_fn(metric)
+            body = HeatmapModel(metric=metric, by=by, unit=_unit(metric, eff_fn), rows=rows, times=times.tolist(),
+                                values=[_nan_to_none(r) for r in matrix])
+            return Response(body.model_dump_json(), media_type="application/json")
+
+        return heavy.run(compute)
 
     app.include_router(th.router(agent))
-    app.include_router(rebalancer_router(agent, require_token))
+    app.include_router(series_router(agent))
+    app.include_router(rebalancer_router(agent, require_token), responses={
+        **TOKEN_RESPONSES, 409: {"model": ErrorModel, "description": "the request conflicts with the rebalancer's "
+                                                                    "state or mode (detail says how)"}})
     mount_ui(app)
     return app

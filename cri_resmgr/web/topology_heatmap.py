@@ -11,7 +11,6 @@ from __future__ import annotations
 import csv
 import io
 import math
-import time
 from collections.abc import Iterable
 from typing import Annotated, Literal
 
@@ -20,10 +19,11 @@ from fastapi import APIRouter, Query, Response
 from pydantic import BaseModel, Field
 
 from .. import metrics as M
-from ..store import QueryError, heatmap, parse_matchers
+from ..store import QueryError, heatmap
 from ..sysfs import format_cpulist
 from ..topology import Topology
 from ..topology.sst import classify_cpus
+from .params import matchers_of, require_known_metric
 
 SstClass = Literal["high", "low"]
 
@@ -96,6 +96,9 @@ class MetricInfo(BaseModel):
     per_cpu: bool = Field(description="its series carry a `cpu` label (topology heatmap, by=cpu/core/...)")
     per_container: bool = Field(description="its series carry container labels (by=container/pod)")
     series: int
+    interval_seconds: float | None = Field(
+        None, description="how often it is collected (median spacing of its newest samples); a heatmap step "
+                          "shorter than this leaves empty columns")
 
 
 # -- helpers for /api/v1/heatmap ---------------------------------------------------------------------
@@ -121,7 +124,7 @@ def heatmap_csv(rows: list[str], times: Iterable[float], matrix: np.ndarray) -> 
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\r\n")
     w.writerow(["row", *(repr(float(t)) for t in times)])
-    for name, vals in zip(rows, matrix.tolist()):
+    for name, vals in zip(rows, matrix.tolist(), strict=True):
         w.writerow([name, *(_csv_number(v) for v in vals)])
     return buf.getvalue()
 
@@ -179,7 +182,7 @@ def topology_heatmap(agent, metric: str, at: float, window: float, fn: str | Non
         raise QueryError("at must be a finite number of Unix seconds")
     if window <= 0 or not math.isfinite(window):
         raise QueryError(f"window must be > 0 seconds, got {window}")
-    eff_fn = fn or ("rate" if metric.endswith("_total") else "raw")
+    eff_fn = fn or M.default_fn(metric)
     refs = store.select(metric, matchers or [])
     if refs and not any("cpu" in r.label_dict for r in refs):
         raise QueryError(f"metric {metric!r} has no per-CPU series (no 'cpu' label); "
@@ -190,7 +193,7 @@ def topology_heatmap(agent, metric: str, at: float, window: float, fn: str | Non
         # average rate over that window (the store's own bucketing; see store/query.py).
         rows, _times, matrix = heatmap(store, metric, "cpu", at, at, window, agg="last", matchers=matchers,
                                        fn=eff_fn, combine=combine)
-        for name, v in zip(rows, matrix[:, 0].tolist()):
+        for name, v in zip(rows, matrix[:, 0].tolist(), strict=True):
             if name.isdigit() and not math.isnan(v):
                 values[int(name)] = v
     placed = _placed(agent)
@@ -236,19 +239,28 @@ def topology_heatmap(agent, metric: str, at: float, window: float, fn: str | Non
 def metric_catalogue(store) -> list[MetricInfo]:
     """Every stored metric with its metadata and which groupings its labels allow."""
     out = []
-    with store.lock:
-        index = {m: list(series) for m, series in store.index.items()}
-    for name, keys in sorted(index.items()):
-        labels = set()
-        for lk in keys[:64]:  # series of one metric share their label names; a sample is enough
-            labels.update(k for k, _ in lk)
+    for name, refs in sorted(store.series_by_metric().items()):
+        labels: set[str] = set()
+        for ref in refs[:64]:  # series of one metric share their label names; a sample is enough
+            labels.update(k for k, _ in ref.labels)
         spec = M.lookup(name)
         out.append(MetricInfo(
-            name=name, type=spec.type if spec else ("counter" if name.endswith("_total") else "gauge"),
+            name=name, type=spec.type if spec else ("counter" if M.is_counter(name) else "gauge"),
             unit=spec.unit if spec else "", help=spec.help if spec else "",
-            per_cpu="cpu" in labels, per_container="container_id" in labels, series=len(keys),
+            per_cpu="cpu" in labels, per_container="container_id" in labels, series=len(refs),
+            interval_seconds=_collection_interval(store, refs[0]),
         ))
     return out
+
+
+def _collection_interval(store, ref) -> float | None:
+    span = store.span()
+    if span is None:
+        return None
+    ts, _ = store.raw(ref, max(span[0], span[1] - 600.0), span[1])
+    steps = np.diff(np.asarray(ts, dtype=np.float64)[-33:])
+    steps = steps[steps > 0]
+    return float(np.median(steps)) if len(steps) else None
 
 
 def router(agent) -> APIRouter:
@@ -263,13 +275,11 @@ def router(agent) -> APIRouter:
         combine: Annotated[Literal["sum", "avg", "max", "min"],
                            Query(description="how series of one CPU combine")] = "sum",
         match: Annotated[list[str], Query(alias="match[]", description='label matchers, e.g. {container_id="x"}')] = [],  # noqa: B006
-    ) -> TopologyHeatmapModel:
-        if metric not in agent.store.index and M.lookup(metric) is None:
-            raise QueryError(f"unknown metric {metric!r}; see /api/v1/heatmap/metrics for the stored ones")
-        matchers = []
-        for m in match:
-            matchers += parse_matchers(m)
-        body = topology_heatmap(agent, metric, time.time() if at is None else at, window, fn, matchers, combine)
+    ) -> Response:  # a TopologyHeatmapModel (response_model), serialised here
+        require_known_metric(agent.store, metric, "/api/v1/heatmap/metrics")
+        # The agent's sample clock (never steps back), so a wall clock set back still finds the newest samples.
+        body = topology_heatmap(agent, metric, agent.now() if at is None else at, window, fn, matchers_of(match),
+                                combine)
         # Serialised once by pydantic-core: FastAPI would otherwise dump and re-validate the whole tree
         # (~45 k container indexes on a 224-CPU node with a 440-container shared pool).
         return Response(body.model_dump_json(), media_type="application/json")

@@ -19,6 +19,7 @@ recognised by our private socket path on their command line).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -144,6 +145,19 @@ def _set(text: str, section: str, key: str, value: str) -> str:
     return text[:body_start] + body + text[body_end:]
 
 
+def nri_config(text: str, base: Path, socket_path: Path) -> str:
+    """Enable containerd 1.7's NRI with a private socket and plugin directories, and the timeouts the
+    tests rely on (containerd/containerd docs/NRI.md: plugin_registration_timeout, plugin_request_timeout)."""
+    q = json.dumps
+    sec = 'plugins."io.containerd.nri.v1.nri"'
+    t = _set(text, sec, "disable", "false")
+    t = _set(t, sec, "socket_path", q(str(socket_path)))
+    t = _set(t, sec, "plugin_path", q(str(base / "nri-plugins")))
+    t = _set(t, sec, "plugin_config_path", q(str(base / "nri-conf.d")))
+    t = _set(t, sec, "plugin_registration_timeout", q("5s"))
+    return _set(t, sec, "plugin_request_timeout", q("2s"))
+
+
 def private_config(default_text: str, base: Path, sandbox_image: str) -> str:
     q = json.dumps  # TOML basic strings share JSON's quoting for these paths
     t = default_text
@@ -198,33 +212,49 @@ def cgroup_mounts(mountinfo: Path = Path("/proc/self/mountinfo")) -> list[Cgroup
 class Containerd:
     """One private containerd. ``start()`` it, ``import_images()``, talk CRI on ``socket``, ``cleanup()``."""
 
-    def __init__(self, base: Path):
+    def __init__(self, base: Path, bin_dir: Path | None = None, nri_socket: Path | None = None):
+        """``bin_dir``: containerd's binaries (and shim) from there instead of PATH (e.g. an unpacked 1.7);
+        ``nri_socket``: enable NRI, serving plugins on that socket."""
         self.base = Path(base)
+        self.bin_dir = Path(bin_dir) if bin_dir else None
+        self.nri_socket = Path(nri_socket) if nri_socket else None
         self.socket = self.base / "containerd.sock"
         self.config_path = self.base / "config.toml"
         self.log_path = self.base / "containerd.log"
         # A cgroup parent of our own: everything the tests create lives under it, and cleanup removes it.
         self.cgroup_prefix = f"crirm-test-{uuid.uuid4().hex[:8]}"
         self.proc: subprocess.Popen | None = None
-        self._log = None
+
+    def _bin(self, name: str) -> str:
+        return str(self.bin_dir / name) if self.bin_dir and (self.bin_dir / name).exists() else name
+
+    def _env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        if self.bin_dir:  # its shim, not the system's, must be found first
+            env["PATH"] = f"{self.bin_dir}:{env.get('PATH', '/usr/sbin:/usr/bin:/sbin:/bin')}"
+        return env
 
     @property
     def address(self) -> str:
         return f"unix://{self.socket}"
 
     def write_config(self) -> None:
-        for d in ("root", "state", "cni", "cni-bin", "opt", "images", "logs"):
+        for d in ("root", "state", "cni", "cni-bin", "opt", "images", "logs", "nri-plugins", "nri-conf.d"):
             (self.base / d).mkdir(parents=True, exist_ok=True)
-        default = subprocess.run(["containerd", "config", "default"], check=True, capture_output=True,
+        default = subprocess.run([self._bin("containerd"), "config", "default"], check=True, capture_output=True,
                                  text=True).stdout
-        self.config_path.write_text(private_config(default, self.base, PAUSE_IMAGE))
+        text = private_config(default, self.base, PAUSE_IMAGE)
+        if self.nri_socket:
+            text = nri_config(text, self.base, self.nri_socket)
+        self.config_path.write_text(text)
 
-    def start(self, timeout: float = 30) -> "Containerd":
+    def start(self, timeout: float = 30) -> Containerd:
         if not self.config_path.exists():
             self.write_config()
-        self._log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(["containerd", "--config", str(self.config_path)],
-                                     stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+        with open(self.log_path, "ab") as log:  # the daemon keeps its own descriptor
+            self.proc = subprocess.Popen([self._bin("containerd"), "--config", str(self.config_path)],
+                                         stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                         env=self._env())
         self.wait_ready(timeout)
         return self
 
@@ -252,7 +282,7 @@ class Containerd:
             return "(no log)"
 
     def ctr(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-        r = subprocess.run(["ctr", "--address", str(self.socket), "-n", "k8s.io", *args],
+        r = subprocess.run([self._bin("ctr"), "--address", str(self.socket), "-n", "k8s.io", *args],
                            capture_output=True, text=True, timeout=120)
         if check and r.returncode != 0:
             raise RuntimeError(f"ctr {' '.join(args)} failed ({r.returncode}): {r.stderr.strip()}")
@@ -273,9 +303,6 @@ class Containerd:
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 15) -> None:
         """Stop the daemon only; shims and containers keep running (as with a real containerd restart)."""
         stop_process(self.proc, sig, timeout)
-        if self._log:
-            self._log.close()
-            self._log = None
 
     def restart(self) -> None:
         self.stop()
@@ -322,10 +349,8 @@ class Containerd:
             for procs in top.rglob("cgroup.procs"):
                 try:
                     for pid in procs.read_text().split():
-                        try:
+                        with contextlib.suppress(ProcessLookupError):
                             os.kill(int(pid), signal.SIGKILL)
-                        except ProcessLookupError:
-                            pass
                 except OSError:
                     pass
         base = str(self.base.resolve())

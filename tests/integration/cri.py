@@ -6,6 +6,7 @@ milliCPU*1024/1000 (at least 2), quota = milliCPU*period/1000 with period 100000
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -40,7 +41,7 @@ class CriClient:
     def close(self) -> None:
         self.channel.close()
 
-    def __enter__(self) -> "CriClient":
+    def __enter__(self) -> CriClient:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -164,10 +165,8 @@ class Kubelet:
 
     def cleanup(self) -> None:
         for pod in list(self.pods):
-            try:
+            with contextlib.suppress(grpc.RpcError):
                 self.stop_remove_pod(pod)
-            except grpc.RpcError:
-                pass
 
     def remove_all_pods(self, attempts: int = 10) -> list[str]:
         """Stop and remove every sandbox the runtime still lists (what a test's own cleanup missed, e.g. a
@@ -178,7 +177,8 @@ class Kubelet:
             left = []
             for sb in self.c.runtime.ListPodSandbox(pb.ListPodSandboxRequest(), timeout=self.c.timeout).items:
                 try:
-                    self.c.runtime.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=sb.id), timeout=self.c.timeout)
+                    self.c.runtime.StopPodSandbox(pb.StopPodSandboxRequest(pod_sandbox_id=sb.id),
+                                                  timeout=self.c.timeout)
                     self.c.runtime.RemovePodSandbox(pb.RemovePodSandboxRequest(pod_sandbox_id=sb.id),
                                                     timeout=self.c.timeout)
                 except grpc.RpcError:

@@ -58,10 +58,10 @@ class AgentProcess:
     def write_config(self, cfg: dict) -> None:
         self.config_path.write_text(yaml.safe_dump(cfg))
 
-    def start(self, wait: bool = True) -> "AgentProcess":
-        self.log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen([sys.executable, "-m", "cri_resmgr.cli", "run", "--config", str(self.config_path)],
-                                     stdout=self.log, stderr=subprocess.STDOUT)
+    def start(self, wait: bool = True) -> AgentProcess:
+        with open(self.log_path, "ab") as log:  # the child keeps its own descriptor
+            self.proc = subprocess.Popen([sys.executable, "-m", "cri_resmgr.cli", "run", "--config",
+                                          str(self.config_path)], stdout=log, stderr=subprocess.STDOUT)
         if wait:
             self.wait_ready()
         return self
@@ -137,7 +137,7 @@ class RealCgroup:
             roots.append(self.layout.unified)
         return roots
 
-    def create(self) -> "RealCgroup":
+    def create(self) -> RealCgroup:
         for root in self._controller_roots():
             d = root
             for part in self.rel.split("/"):

@@ -47,9 +47,9 @@ class PrometheusServer:
     def write_url(self) -> str:
         return self.url + "/api/v1/write"
 
-    def start(self, timeout: float = 60) -> "PrometheusServer":
-        self.log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(self.args, stdout=self.log, stderr=subprocess.STDOUT)
+    def start(self, timeout: float = 60) -> PrometheusServer:
+        with open(self.log_path, "ab") as log:  # the child keeps its own descriptor
+            self.proc = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.time() + timeout
         while time.time() < deadline:
             if self.proc.poll() is not None:

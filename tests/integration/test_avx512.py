@@ -30,7 +30,8 @@ pytestmark = pytest.mark.integration
 
 WORKLOADS = Path(__file__).resolve().parent / "workloads"
 RUN_SECONDS = 90  # upper bound; every workload is killed at teardown
-PY_LOOP = "import time\nend = time.time() + float(__import__('sys').argv[1])\nx = 0\nwhile time.time() < end:\n x += 1\n"
+PY_LOOP = ("import time\nend = time.time() + float(__import__('sys').argv[1])\nx = 0\n"
+           "while time.time() < end:\n x += 1\n")
 
 
 def samples(text: str, name: str) -> list:
@@ -51,7 +52,7 @@ def avx512_host():
         pytest.skip(reason)
     if not DEFAULT_OBJECT.exists():
         if not shutil.which("clang"):
-            pytest.skip("BPF object not built and clang missing (apt: clang bpftool libbpf-dev; make bpf)")
+            pytest.skip("BPF object not built and clang missing (apt: clang libbpf-dev; make bpf)")
         subprocess.run(["make", "--no-print-directory", "bpf"], cwd=REPO, check=True)
     r = probe_capabilities(Path("/sys"), Path("/proc"), DEFAULT_OBJECT, Path("/lib/modules"))
     problems = r.common() + r.libbpf_problems()

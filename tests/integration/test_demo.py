@@ -8,6 +8,7 @@ import shutil
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -21,6 +22,11 @@ pytestmark = pytest.mark.integration
 NAMES = {"avx512-loop", "scalar-loop", "membw-hog"}
 
 
+def _state(pid: int) -> str:
+    """The process state letter from /proc/<pid>/stat (proc(5)); "Z" for a zombie."""
+    return Path(f"/proc/{pid}/stat").read_text().split()[2]
+
+
 def test_demo_runs_workloads_and_ctrl_c_cleans_up(tmp_path):
     reason = can_make_cgroups()
     if reason:
@@ -28,10 +34,10 @@ def test_demo_runs_workloads_and_ctrl_c_cleans_up(tmp_path):
     import httpx
 
     port = free_port()
-    log = open(tmp_path / "demo.log", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "cri_resmgr.cli", "demo", "--listen", f"127.0.0.1:{port}",
-                             "--state-dir", str(tmp_path / "state"), "--run-dir", str(tmp_path / "run"),
-                             "--cpu-quota", "0.2"], stdout=log, stderr=subprocess.STDOUT)
+    with open(tmp_path / "demo.log", "wb") as log:  # the child keeps its own descriptor
+        proc = subprocess.Popen([sys.executable, "-m", "cri_resmgr.cli", "demo", "--listen", f"127.0.0.1:{port}",
+                                 "--state-dir", str(tmp_path / "state"), "--run-dir", str(tmp_path / "run"),
+                                 "--cpu-quota", "0.2"], stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     cgroups = DemoCgroups.for_layout(detect_layout(CGROUP_ROOT))
     try:
@@ -64,7 +70,7 @@ def test_demo_runs_workloads_and_ctrl_c_cleans_up(tmp_path):
         text = httpx.get(url + "/metrics", timeout=5).text
         assert 'cri_resmgr_container_cpu_usage_seconds_total{container="avx512-loop"' in text
         out = (tmp_path / "demo.log").read_text()
-        if shutil.which("gcc") and "avx512f" in open("/proc/cpuinfo").read():
+        if shutil.which("gcc") and "avx512f" in Path("/proc/cpuinfo").read_text():
             assert "compiled with" in out and "-mavx512f" in out
         assert f"http://127.0.0.1:{port}/ui/" in out
 
@@ -79,13 +85,12 @@ def test_demo_runs_workloads_and_ctrl_c_cleans_up(tmp_path):
                 proc.kill()
                 proc.wait()
                 subprocess.run([sys.executable, "-m", "cri_resmgr.cli", "demo", "--clean"], timeout=60)
-        log.close()
     out = (tmp_path / "demo.log").read_text()
     assert "workloads stopped, cgroups removed" in out, out
     for root in cgroups.roots:
         assert not (root / DEMO_DIR).exists(), root
     for pid in pids:
-        assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z", pid
+        assert not os.path.exists(f"/proc/{pid}") or _state(pid) == "Z", pid
 
 
 def test_clean_removes_what_a_killed_demo_left(tmp_path):
@@ -113,5 +118,5 @@ def test_clean_removes_what_a_killed_demo_left(tmp_path):
     assert r.returncode == 0 and "killed 3 task(s)" in r.stdout, r.stdout + r.stderr
     for root in cgroups.roots:
         assert not (root / DEMO_DIR).exists()
-    wait_for(lambda: all(not os.path.exists(f"/proc/{p}") or open(f"/proc/{p}/stat").read().split()[2] == "Z"
-                         for p in pids), timeout=10, what="leftover workloads gone")
+    wait_for(lambda: all(not os.path.exists(f"/proc/{p}") or _state(p) == "Z" for p in pids), timeout=10,
+             what="leftover workloads gone")

@@ -14,6 +14,8 @@ const state = {
   topo: null,          // last /api/v1/heatmap/topology response
   heatmap: null,       // last /api/v1/heatmap response
   containers: [],
+  plan: null,          // last /api/v1/rebalancer/plan round's plan (null: no rebalancer or no round yet)
+  selectedMove: null,  // container_id of the move outlined on the topology grid
   selectedCpu: null,
   sort: { key: "namespace", asc: true },
   timer: null,
@@ -245,6 +247,10 @@ function drawCell(svg, t, core, th, x, y, dom) {
   if (th.sst_priority === "high") {
     g.append(svgEl("text", { x: x + CELL_W - 13, y: y + 9, fill: "#f59e0b", "font-size": 9 }, "★"));
   }
+  const mv = selectedMove();
+  const view = $("#plan-view").value;
+  if (mv && view !== "after" && cpuInList(th.cpu, mv.from_cpus)) g.classList.add("plan-from");
+  if (mv && view !== "before" && cpuInList(th.cpu, mv.to_cpus)) g.classList.add("plan-to");
   const names = th.containers.map((i) => t.containers[i]).map((c) => (c.pod ? `${c.namespace}/${c.pod}/` : "") + (c.name || c.container_id.slice(0, 12)));
   const lines = [
     `cpu ${th.cpu} · core ${core.core} (id ${core.core_id}) · NUMA ${th.numa_node}` + (core.l3_id !== null ? ` · L3 #${core.l3_id}` : ""),
@@ -279,7 +285,11 @@ async function refreshHeatmap() {
   const by = $("#hm-by").value;
   const span = Number($("#hm-span").value);
   const end = state.topo ? state.topo.at : serverNow();
-  const step = Math.max(1, Math.round(span / 120));
+  // Never a step shorter than the metric's collection interval: a 5 s counter at 2.5 s steps would
+  // leave every other column empty.
+  const info = metricInfo(metric);
+  const every = info && info.interval_seconds ? Math.ceil(info.interval_seconds - 1e-6) : 1;
+  const step = Math.max(1, Math.round(span / 120), every);
   const params = { metric, by, start: end - span, end, step };
   if (CONTAINER_GROUPS.includes(by) && $("#hm-top").value) params.top = $("#hm-top").value;
   const h = await api("/api/v1/heatmap", params);
@@ -372,8 +382,31 @@ async function refreshContainers() {
     });
     rates = Object.fromEntries(q.series.map((s) => [s.labels.container_id, s.values[s.values.length - 1]]));
   }
-  state.containers = cs.map((c) => ({ ...c, cpu_rate: rates[c.container_id] ?? null }));
+  // One query at a time: the API serves few heavy requests at once (api.max_concurrent_queries).
+  const avx = await latestByContainer("cri_resmgr_container_avx512_ratio", "raw", end);
+  const llc = await latestByContainer("cri_resmgr_container_llc_misses_total", "rate", end);
+  const bw = await latestByContainer("cri_resmgr_container_memory_bandwidth_bytes_total", "rate", end, '{scope="total"}');
+  state.containers = cs.map((c) => ({
+    ...c, cpu_rate: rates[c.container_id] ?? null, avx512_ratio: avx[c.container_id] ?? null,
+    llc_miss_rate: llc[c.container_id] ?? null, memory_bandwidth: bw[c.container_id] ?? null,
+  }));
   renderContainers();
+}
+
+// The newest value per container of a per-container metric ({} when it is not collected here).
+async function latestByContainer(metric, fn, end, match) {
+  if (!state.catalogue.some((m) => m.name === metric)) return {};
+  const info = metricInfo(metric);
+  const step = Math.max(30, Math.ceil((info && info.interval_seconds) || 0));
+  const params = { metric, fn, start: end - step, end, step };
+  if (match) params["match[]"] = match;
+  const q = await api("/api/v1/query_range", params);
+  const out = {};
+  for (const s of q.series) {
+    const v = s.values[s.values.length - 1];
+    if (v !== null && v !== undefined) out[s.labels.container_id] = (out[s.labels.container_id] || 0) + v;
+  }
+  return out;
 }
 
 function cpuInList(cpu, list) {
@@ -404,6 +437,9 @@ function renderContainers() {
       el("td", {}, c.qos_class || "–"), el("td", {}, c.cpuset ?? "–"),
       el("td", { class: "num", "data-value": c.cpu_rate ?? "" }, c.cpu_rate === null ? "–" : c.cpu_rate.toFixed(2)),
       el("td", { class: "num", "data-value": c.memory_working_set_bytes ?? "" }, fmt(c.memory_working_set_bytes, "bytes")),
+      el("td", { class: "num avx", "data-value": c.avx512_ratio ?? "" }, c.avx512_ratio === null ? "–" : (c.avx512_ratio * 100).toFixed(1) + "%"),
+      el("td", { class: "num llc", "data-value": c.llc_miss_rate ?? "" }, c.llc_miss_rate === null ? "–" : fmt(c.llc_miss_rate, "")),
+      el("td", { class: "num bw", "data-value": c.memory_bandwidth ?? "" }, c.memory_bandwidth === null ? "–" : fmt(c.memory_bandwidth, "bytes") + "/s"),
     );
     body.append(tr);
   }
@@ -411,6 +447,65 @@ function renderContainers() {
     th.classList.toggle("sorted", th.dataset.k === key);
     th.classList.toggle("asc", th.dataset.k === key && asc);
   }
+}
+
+// ---------------------------------------------------------------------------------------------
+// rebalancer plan: the moves of the last round, each outlined on the topology grid (before → after)
+async function refreshPlan() {
+  let r;
+  try {
+    r = await api("/api/v1/rebalancer/plan");
+  } catch (err) {
+    state.plan = null;  // no rebalancer on this agent (503) is not an error of the page
+    $("#plan-summary").textContent = "(no rebalancer)";
+    renderPlan();
+    return;
+  }
+  state.plan = r.last && r.last.plan ? r.last.plan : null;
+  const p = state.plan;
+  $("#plan-summary").textContent = p
+    ? `· ${r.mode} · ${p.moves.length} moves · objective ${p.objective_before.toFixed(1)} → ${p.objective_after.toFixed(1)}`
+    : `· ${r.mode} · no round yet`;
+  if (!p || !p.moves.some((m) => m.container_id === state.selectedMove)) {
+    state.selectedMove = p && p.moves.length ? p.moves[0].container_id : null;
+  }
+  renderPlan();
+}
+
+function selectedMove() {
+  if (!state.plan || !state.selectedMove) return null;
+  const m = state.plan.moves.find((x) => x.container_id === state.selectedMove);
+  return m || null;
+}
+
+function renderPlan() {
+  const body = $("#moves tbody");
+  body.replaceChildren();
+  const p = state.plan;
+  for (const m of p ? p.moves : []) {
+    const tr = el("tr", { "data-id": m.container_id });
+    if (m.container_id === state.selectedMove) tr.classList.add("selected");
+    const terms = Object.entries(m.gain_by_term || {}).filter(([, v]) => Math.abs(v) > 1e-9)
+      .map(([k, v]) => `${k} ${v > 0 ? "+" : ""}${v.toFixed(2)}`).join(", ");
+    const seps = (m.separates || []).map((s) => `${s.victim} ← ${s.antagonist} (${s.term}, +${s.predicted_gain.toFixed(2)})`).join("; ");
+    tr.append(
+      el("td", { title: m.reason }, m.name || m.container_id),
+      el("td", { class: "fromto" }, `${m.from_cpus} → ${m.to_cpus}`),
+      el("td", { class: "num" }, m.predicted_gain.toFixed(2)),
+      el("td", { class: "num" }, m.migration_cost.toFixed(2)),
+      el("td", { class: "terms" }, terms || "–"),
+      el("td", { class: "separates" }, seps || "–"),
+    );
+    tr.addEventListener("click", () => {
+      state.selectedMove = m.container_id;
+      renderPlan();
+      if (state.topo) drawTopology(state.topo);
+    });
+    body.append(tr);
+  }
+  const topo = $("#topology");
+  topo.dataset.planView = $("#plan-view").value;
+  topo.dataset.planMove = state.selectedMove || "";
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -429,8 +524,10 @@ async function refresh() {
   state.busy = true;
   try {
     await loadCatalogue(false);
+    await refreshPlan();
     await refreshTopology();
-    await Promise.all([refreshHeatmap(), refreshContainers(), refreshHeader()]);
+    await Promise.all([refreshHeatmap(), refreshHeader()]);
+    await refreshContainers();
     $("#status").textContent = "";
     $("#updated").textContent = "updated " + clock(state.topo ? state.topo.at : serverNow());
     document.body.dataset.refreshes = String(Number(document.body.dataset.refreshes || 0) + 1);
@@ -463,6 +560,7 @@ async function main() {
     });
   }
   $("#refresh").addEventListener("change", () => { saveHash(); schedule(); });
+  $("#plan-view").addEventListener("change", () => { renderPlan(); if (state.topo) drawTopology(state.topo); });
   $("#heatmap").addEventListener("mousemove", heatmapHover);
   $("#heatmap").addEventListener("mouseleave", () => { $("#hm-tip").hidden = true; });
   for (const th of document.querySelectorAll("#containers th")) {

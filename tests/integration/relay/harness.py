@@ -34,11 +34,12 @@ class RelayProcess:
         self.config_path.write_text(yaml.safe_dump(self.config))
         self.proc: subprocess.Popen | None = None
 
-    def start(self, wait: bool = True, timeout: float = 30) -> "RelayProcess":
-        self._log = open(self.log_path, "ab")
-        self._offset = self._log.tell()  # log() shows this run only
-        self.proc = subprocess.Popen([sys.executable, "-m", "cri_resmgr.cli", "relay", "--config", str(self.config_path)],
-                                     stdout=self._log, stderr=subprocess.STDOUT)
+    def start(self, wait: bool = True, timeout: float = 30) -> RelayProcess:
+        with open(self.log_path, "ab") as log:  # the relay keeps its own descriptor
+            self._offset = log.tell()  # log() shows this run only
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "cri_resmgr.cli", "relay", "--config", str(self.config_path)],
+                stdout=log, stderr=subprocess.STDOUT)
         if wait:
             self.wait_ready(timeout)
         return self
@@ -66,8 +67,6 @@ class RelayProcess:
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 15) -> int | None:
         stop_process(self.proc, sig, timeout)
-        if self.proc is not None:
-            self._log.close()
         return self.proc.returncode if self.proc else None
 
 

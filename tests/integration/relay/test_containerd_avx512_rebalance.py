@@ -83,7 +83,7 @@ def static_loops(tmp_path_factory):
 def bpf_ready():
     if not DEFAULT_OBJECT.exists():
         if not shutil.which("clang"):
-            pytest.skip("BPF object not built and clang missing (apt: clang bpftool libbpf-dev; make bpf)")
+            pytest.skip("BPF object not built and clang missing (apt: clang libbpf-dev; make bpf)")
         subprocess.run(["make", "--no-print-directory", "bpf"], cwd=REPO, check=True)
     r = probe_capabilities(SYSFS, PROC, DEFAULT_OBJECT, Path("/lib/modules"))
     problems = r.common() + r.libbpf_problems()
@@ -206,8 +206,8 @@ def test_avx512_measured_in_containerd_containers_and_separated_through_the_rela
         assert all(r["plan"]["cost_after"]["total"] <= r["plan"]["cost_before"]["total"] for r in moved)
         reasons = " ".join(m["reason"] for r in moved for m in r["plan"]["moves"] if m["container_id"] in mine)
         assert "AVX512" in reasons, reasons
-        print("cost before/after:", [(r["plan"]["cost_before"]["total"], r["plan"]["cost_after"]["total"]) for r in moved],
-              "reasons:", reasons)
+        costs = [(r["plan"]["cost_before"]["total"], r["plan"]["cost_after"]["total"]) for r in moved]
+        print("cost before/after:", costs, "reasons:", reasons)
         # the AVX-512 ratio came from the collector: no override, no missing AVX-512 signal
         assert not any("avx512" in m for m in moved[-1]["plan"]["missing_signals"]), moved[-1]["plan"]
         # the relay applied and recorded them; its cache now has them pinned where the kernel has them

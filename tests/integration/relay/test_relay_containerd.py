@@ -5,10 +5,12 @@ This machine has 2 CPUs: one exclusive CPU leaves one for the shared pool (relay
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import stat
 import time
+from pathlib import Path
 
 import grpc
 import pytest
@@ -22,7 +24,7 @@ from .harness import RelayProcess, cgroup_cpuset, container_pid, cpus_allowed_li
 
 pytestmark = pytest.mark.integration
 
-ONLINE = parse_cpulist(open("/sys/devices/system/cpu/online").read())
+ONLINE = parse_cpulist(Path("/sys/devices/system/cpu/online").read_text())
 
 
 @pytest.fixture
@@ -170,6 +172,10 @@ def test_restarted_relay_restores_the_cache_and_allocates_nothing_twice(relay, k
     p = k.run_pod(PodSpec("survivor", qos="Guaranteed"))
     g = k.run_container(p, guaranteed("app", 1000))
     before = r.client().state()
+    # saves are coalesced (at most one per 0.2 s): the running container is in the file within a moment
+    cache = r.tmp / "state" / "relay-cache.json"
+    wait_for(lambda: any(c["id"] == g and c["state"] == "running"
+                         for c in json.loads(cache.read_text())["containers"]), timeout=5, what="cache saved")
     r.stop(signal.SIGKILL)
     assert r.socket.is_socket()  # a killed relay leaves its socket behind
     r.start()

@@ -74,14 +74,16 @@ def test_unary_calls_and_errors_are_the_same_through_the_relay(relay, kubelets, 
         ("ImageFsInfo", lambda c: c.image.ImageFsInfo, pb.ImageFsInfoRequest()),
         ("ListPodSandbox", lambda c: c.runtime.ListPodSandbox, pb.ListPodSandboxRequest(
             filter=pb.PodSandboxFilter(id=p.sandbox_id))),
-        ("PodSandboxStatus", lambda c: c.runtime.PodSandboxStatus, pb.PodSandboxStatusRequest(pod_sandbox_id=p.sandbox_id)),
+        ("PodSandboxStatus", lambda c: c.runtime.PodSandboxStatus,
+         pb.PodSandboxStatusRequest(pod_sandbox_id=p.sandbox_id)),
         ("ListContainers", lambda c: c.runtime.ListContainers, pb.ListContainersRequest(
             filter=pb.ContainerFilter(pod_sandbox_id=p.sandbox_id))),
         ("ContainerStatus", lambda c: c.runtime.ContainerStatus, pb.ContainerStatusRequest(container_id=cid)),
         ("ContainerStats", lambda c: c.runtime.ContainerStats, pb.ContainerStatsRequest(container_id=cid)),
         ("ExecSync", lambda c: c.runtime.ExecSync, pb.ExecSyncRequest(
             container_id=cid, cmd=["sh", "-c", "echo out; echo err >&2; exit 3"], timeout=10)),
-        ("ContainerStatus unknown", lambda c: c.runtime.ContainerStatus, pb.ContainerStatusRequest(container_id="nope")),
+        ("ContainerStatus unknown", lambda c: c.runtime.ContainerStatus,
+         pb.ContainerStatusRequest(container_id="nope")),
         ("StopContainer unknown", lambda c: c.runtime.StopContainer, pb.StopContainerRequest(container_id="nope")),
         ("PullImage unreachable", lambda c: c.image.PullImage, pb.PullImageRequest(
             image=pb.ImageSpec(image="127.0.0.1:1/none:0"))),
@@ -222,7 +224,7 @@ def test_many_concurrent_calls_share_one_connection(relay):
                     with pytest.raises(grpc.RpcError) as e:
                         rt.ContainerStatus(pb.ContainerStatusRequest(container_id=f"missing-{i}"), timeout=10)
                     assert e.value.code() == grpc.StatusCode.NOT_FOUND and f"missing-{i}" in e.value.details()
-        except BaseException as e:  # collected for the main thread
+        except BaseException as e:  # noqa: BLE001 - collected for the main thread, which re-raises it
             errors.append(e)
 
     threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]

@@ -93,6 +93,7 @@ class CpuAllocator:
         if unknown:
             raise ValueError(f"reserved_cpus {format_cpulist(unknown)} are not online CPUs "
                              f"(online: {format_cpulist(online)})")
+        self.online = online
         self.allocatable = online - self.reserved
         # isolcpus CPUs are for explicit use only: exclusive placement may hand them out, the pool never has them.
         self.shared_base = online - self.reserved - t.isolated
@@ -183,11 +184,13 @@ class CpuAllocator:
                 return d.cpus, f"whole {d.kind} {d.id}"
         # 2. the smallest kind of domain that can hold it, tightest domain first
         for level in self.domains:
-            fits = [d for d in level if len(d.cpus & pool) >= n]
-            fits = [d for d in fits if self._pick(n, d.cpus & pool, taken, hints) is not None]
+            picks = {id(d): self._pick(n, d.cpus & pool, taken, hints) for d in level if len(d.cpus & pool) >= n}
+            fits = [d for d in level if picks.get(id(d)) is not None]
             if fits:
                 d = min(fits, key=lambda d: self._score(d, pool, taken, hints))
-                return self._pick(n, d.cpus & pool, taken, hints), f"{n} CPUs within {d.kind} {d.id}"
+                best = picks[id(d)]
+                assert best is not None
+                return best, f"{n} CPUs within {d.kind} {d.id}"
         # 3. several NUMA nodes, nearest to the fullest first
         nodes = self.topology.numa_nodes
         numa = next((lv for lv in self.domains if lv[0].kind == "numa"), None) or \

@@ -26,6 +26,19 @@ GUARANTEED, BURSTABLE, BEST_EFFORT = "Guaranteed", "Burstable", "BestEffort"
 
 
 @dataclass(frozen=True)
+class Resources:
+    """The CPU and memory resources a runtime call carries (CRI ``LinuxContainerResources``, NRI
+    ``LinuxResources``), in kubelet's terms."""
+
+    cpu_shares: int = 0
+    cpu_quota: int = 0
+    cpu_period: int = 0
+    memory_limit_bytes: int = 0
+    cpuset_cpus: str = ""
+    cpuset_mems: str = ""
+
+
+@dataclass(frozen=True)
 class Estimate:
     qos_class: str  # Guaranteed, Burstable, BestEffort, or "" when the parent is not a kubepods cgroup
     cpu_request_milli: int
@@ -75,3 +88,7 @@ def estimate(cpu_shares: int, cpu_quota: int, cpu_period: int, memory_limit: int
     elif qos == BEST_EFFORT:
         request, limit = 0, None
     return Estimate(qos, request, limit, memory_limit or None)
+
+
+def estimate_resources(res: Resources, cgroup_parent: str) -> Estimate:
+    return estimate(res.cpu_shares, res.cpu_quota, res.cpu_period, res.memory_limit_bytes, cgroup_parent)

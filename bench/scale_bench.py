@@ -1,0 +1,276 @@
+"""Collection at scale: 200 and 1,000 kubelet-style containers, each collector and the whole agent, CPU per
+cycle beside the floor of a minimal C reader of the same files, RSS now and projected, /metrics time and size.
+
+Set-up (this process plays "the machine"; needs root):
+- N container cgroups ``kubepods/<qos>/pod<uid>/<id>`` made in every v1 controller and in the v2 ``unified``
+  tree (as runc does on hybrid hosts), each holding one sleeping process;
+- resctrl: the FUSE emulator (tests/resctrlfs.py) with ``--rmids`` RMIDs (fewer than containers: the RDT
+  collector's budget and rotation are part of what is measured), counters advancing;
+- the floor: bench/floor_reader.c, compiled with gcc in this run, reads the files the cgroup and RDT
+  collectors read (the list each collector reports), opened once and pread at offset 0 every cycle.
+
+Each variant runs in a child process ("the agent"). Per collector: 3 warm-up cycles, then timed cycles back
+to back, each writing into a store like the agent (perf with software events: the hardware ones answer ENOENT
+here). Whole agent: ``Agent`` with its default configuration (every collector on; perf is down here unless
+``--perf-sw-events``), at default intervals and, for 200 containers, with every interval at 1 s; CPU time of the
+process over ``--seconds`` after a warm-up. The FUSE server runs in this
+process, so its work is not charged to the child.
+
+    sudo nice .venv/bin/python bench/scale_bench.py [--containers 200,1000] [--seconds 60]
+    # before/after in the same set-up: the previous commit's agent alternating with this one's
+    git archive HEAD | tar -x -C /tmp/head && cp cri_resmgr/ebpf/avx512.bpf.o /tmp/head/cri_resmgr/ebpf/
+    sudo nice .venv/bin/python bench/scale_bench.py --containers 1000 --compare /tmp/head
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import _util  # noqa: F401  (puts the repo on sys.path)
+
+REPO = Path(__file__).resolve().parent.parent
+SW_EVENTS = ["cycles", "instructions", "cpu-clock", "context-switches", "page-faults"]
+
+
+def _rss_kib() -> int:
+    lines = Path("/proc/self/status").read_text().splitlines()
+    return int(next(ln.split()[1] for ln in lines if ln.startswith("VmRSS:")))
+
+
+def _cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def _floor(binary: str, paths: list[str], cycles: int, tmp: str) -> tuple[float, float]:
+    lst = Path(tmp) / f"floor-{os.getpid()}-{len(paths)}.txt"
+    lst.write_text("".join(p + "\n" for p in paths))
+    out = subprocess.run([binary, str(lst), str(cycles)], capture_output=True, text=True, check=True).stdout.split()
+    return float(out[0]), float(out[1])
+
+
+def _projected_rss(rss_kib: int, store) -> float:
+    """RSS now plus what the store's series grow to at full retention, at the bytes per sample of
+    agent-shaped data (bench/store_bench.py)."""
+    from store_bench import agent_shaped_store
+
+    shaped = agent_shaped_store(containers=50, rows=1024)
+    tab = shaped.tables["cgroup"]
+    per_sample = sum(b.nbytes() for b in tab.blocks) / (sum(b.n for b in tab.blocks) * len(tab.keys))
+    grow = 0.0
+    for t in store.tables.values():
+        grow += len(t.keys) * t.capacity * per_sample - t.nbytes()
+    return (rss_kib * 1024 + max(0.0, grow)) / 2**20
+
+
+def child_collector(spec: dict) -> dict:
+    from cri_resmgr.collectors.cgroup import CgroupCollector, _paths, detect_layout
+    from cri_resmgr.collectors.cpu import CpuCollector
+    from cri_resmgr.collectors.perf import PerfCollector
+    from cri_resmgr.collectors.rdt import RdtCollector
+    from cri_resmgr.config import CgroupCollectorConfig, PerfCollectorConfig, RdtCollectorConfig
+    from cri_resmgr.store import Store
+    from cri_resmgr.topology import discover
+
+    root = Path(spec["cgroup_root"])
+    cg = CgroupCollector(root, CgroupCollectorConfig(runtime_socket=None))
+    name = spec["collector"]
+    topo = discover(Path("/sys"))
+    col = {"cgroup": lambda: cg,
+           "cpu": lambda: CpuCollector(Path("/proc"), topo),
+           "perf": lambda: PerfCollector(root, PerfCollectorConfig(events=SW_EVENTS), cg, topo),
+           "rdt": lambda: RdtCollector(Path(spec["resctrl"]), root, RdtCollectorConfig(), cg)}[name]()
+    store = Store(retention_seconds=3600.0)
+    for _ in range(3):
+        store.append(name, time.time(), col.collect(time.time()), 1.0)
+    cycles = spec["cycles"]
+    per = []
+    c0 = _cpu()
+    for _ in range(cycles):
+        t = _cpu()
+        store.append(name, time.time(), col.collect(time.time()), 1.0)
+        per.append(_cpu() - t)
+    cpu = (_cpu() - c0) / cycles
+    files: list[str] = []
+    layout = detect_layout(root)
+    if name == "cgroup":
+        files = [p for i in cg.identities(layout) for p in _paths(layout, i.cgroup_path, True) if p]
+    elif name == "rdt":
+        files = col.read_paths(layout)
+    floor = _floor(spec["floor"], files, max(3, cycles), spec["tmp"]) if files else None
+    out = {"cpu_per_cycle_s": cpu, "samples": store.series_count, "files": len(files), "floor": floor,
+           "status": col.status() or ""}
+    col.close()
+    return out
+
+
+def child_agent(spec: dict) -> dict:
+    import yaml
+
+    from cri_resmgr.agent import Agent
+    from cri_resmgr.config import load_config
+    from cri_resmgr.export.exposition import Exposition
+
+    cfgd = {"run_dir": spec["tmp"] + "/run", "state_dir": spec["tmp"] + "/state",
+            "paths": {"resctrl": spec["resctrl"]},
+            "collectors": {"cgroup": {"runtime_socket": None}}}
+    if spec.get("perf_sw_events"):
+        cfgd["collectors"]["perf"] = {"events": SW_EVENTS}
+    if spec["interval"]:
+        for c in ("cgroup", "cpu", "perf", "rdt", "sst", "avx512"):
+            cfgd["collectors"].setdefault(c, {})["interval_seconds"] = spec["interval"]
+    p = Path(spec["tmp"]) / "agent.yaml"
+    p.write_text(yaml.safe_dump(cfgd))
+    agent = Agent(load_config(p), p)
+    agent.start()
+    time.sleep(spec["warmup"])
+    c0, w0 = _cpu(), time.monotonic()
+    time.sleep(spec["seconds"])
+    cpu_share = (_cpu() - c0) / (time.monotonic() - w0)
+    rss = _rss_kib()
+    expo = Exposition(agent.store, agent.self_metrics)
+    times = []
+    size = 0
+    for _ in range(5):
+        t = time.perf_counter()
+        size = len(expo.render())
+        times.append(time.perf_counter() - t)
+    health = {n: (h.up, h.reason[:160], h.last_duration_seconds) for n, h in agent.health.items()}
+    out = {"cpu_share": cpu_share, "rss_mb": rss / 1024, "projected_mb": _projected_rss(rss, agent.store),
+           "series": agent.store.series_count, "metrics_ms": sorted(times)[2] * 1e3, "metrics_bytes": size,
+           "health": health}
+    agent.stop()
+    return out
+
+
+def run_child(kind: str, spec: dict, script: str = __file__) -> dict:
+    r = subprocess.run([sys.executable, script, "--child", kind, json.dumps(spec)], capture_output=True, text=True,
+                       timeout=1800)
+    if r.returncode != 0:
+        raise SystemExit(f"child {kind} failed:\n{r.stderr[-4000:]}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--containers", default="200,1000")
+    ap.add_argument("--cycles", type=int, default=10)
+    ap.add_argument("--seconds", type=float, default=60.0, help="whole-agent measurement window")
+    ap.add_argument("--warmup", type=float, default=15.0)
+    ap.add_argument("--rmids", type=int, default=256, help="RMIDs of the emulated resctrl")
+    ap.add_argument("--perf-sw-events", action="store_true",
+                    help="whole agent: perf counts software events (its default hardware events answer ENOENT here, "
+                         "so by default perf is down in the whole-agent runs)")
+    ap.add_argument("--compare", type=Path,
+                    help="another checkout (e.g. `git archive HEAD | tar -x -C DIR`): its whole agent runs in the same "
+                         "set-up, alternating with this one's, for a before/after under the same load")
+    ap.add_argument("--child", nargs=2)
+    args = ap.parse_args()
+    if args.child:
+        kind, spec = args.child
+        print(json.dumps((child_agent if kind == "agent" else child_collector)(json.loads(spec))))
+        return
+
+    sys.path.insert(0, str(REPO))
+    from cri_resmgr.collectors.perf import find_perf_cgroup_root
+    from tests.integration.helpers import CGROUP_ROOT, can_make_cgroups
+    from tests.resctrlfs import ResctrlEmulator, fuse_unavailable
+    from tests.test_perf import PerfCgroup
+
+    why = can_make_cgroups() or fuse_unavailable()
+    if why:
+        raise SystemExit(f"scale_bench needs real cgroups and the resctrl emulator: {why}")
+    tmp = Path(tempfile.mkdtemp(prefix="cri-resmgr-scale-"))
+    floor_bin = tmp / "floor_reader"
+    subprocess.run(["gcc", "-O2", "-o", str(floor_bin), str(REPO / "bench" / "floor_reader.c")], check=True)
+    sizes = [int(x) for x in args.containers.split(",")]
+    other_script = None
+    if args.compare is not None:
+        other_script = str(args.compare / "bench" / "scale_bench.py")
+        import shutil
+
+        shutil.copy(__file__, other_script)  # the child side of this file runs on the other checkout's code
+    perf_root = find_perf_cgroup_root(CGROUP_ROOT)
+    cgroups: list = []
+    procs: list[subprocess.Popen] = []
+    emu = ResctrlEmulator(domains=(0, 1), num_rmids=args.rmids).mount(tmp / "resctrl", cache_seconds=60)
+    stop = threading.Event()
+
+    def tick() -> None:
+        while not stop.wait(0.5):
+            emu.advance(0.5)
+
+    threading.Thread(target=tick, daemon=True).start()
+    results = []
+    try:
+        for n in sizes:
+            while len(cgroups) < n:
+                qos = ("burstable", "besteffort", "guaranteed")[len(cgroups) % 3]
+                cg = PerfCgroup(perf_root.path if perf_root else None, qos=qos)
+                if qos == "guaranteed":
+                    cg.rel = cg.rel.replace("kubepods/guaranteed/", "kubepods/")
+                cg.create()
+                p = subprocess.Popen(["sleep", "7200"])
+                cg.add(p.pid)
+                emu.set_task(p.pid, mbm_total={0: 1e8 + len(procs), 1: 5e7}, mbm_local={0: 9e7}, occupancy={0: 1 << 20})
+                cgroups.append(cg)
+                procs.append(p)
+            base = {"cgroup_root": str(CGROUP_ROOT), "resctrl": str(tmp / "resctrl"), "floor": str(floor_bin),
+                    "tmp": str(tmp), "cycles": args.cycles}
+            per = {} if other_script else {
+                c: run_child("collector", {**base, "collector": c}) for c in ("cgroup", "cpu", "perf", "rdt")}
+            agents: dict = {}
+            for interval in ([None, 1.0] if n <= 200 and not other_script else [None]):
+                runs = [("this", __file__), ("other", other_script), ("this", __file__), ("other", other_script)] \
+                    if other_script else [("this", __file__)]
+                for k, (who, script) in enumerate(runs):
+                    d = tmp / f"agent-{n}-{interval}-{k}"
+                    d.mkdir()
+                    agents[(interval, who, k)] = run_child(
+                        "agent", {**base, "tmp": str(d), "interval": interval, "seconds": args.seconds,
+                                  "warmup": args.warmup, "perf_sw_events": args.perf_sw_events}, script)
+            results.append((n, per, agents))
+    finally:
+        stop.set()
+        emu.unmount()
+        for p in procs:
+            p.kill()
+            p.wait()
+        for cg in reversed(cgroups):
+            cg.remove()
+
+    print(f"scale bench (real kubelet-style cgroups, one sleeping process each; resctrl emulator with "
+          f"{args.rmids} RMIDs; machine: {os.cpu_count()} CPUs shared with other work: figures are from a loaded "
+          f"machine, the ratios to the floor measured in the same run are what counts)")
+    for n, per, agents in results:
+        print(f"\n== {n} containers ==")
+        print(f"{'collector':<10}{'CPU/cycle':>12}{'series':>9}{'files':>8}{'C floor pread':>15}{'x floor':>9}"
+              f"{'C open+read':>13}   status")
+        for c, r in per.items():
+            fl = r["floor"]
+            ratio = f"{r['cpu_per_cycle_s'] / fl[0]:>8.1f}x" if fl and fl[0] > 0 else f"{'':>9}"
+            print(f"{c:<10}{r['cpu_per_cycle_s'] * 1e3:>9.2f} ms{r['samples']:>9}{r['files']:>8}"
+                  + (f"{fl[0] * 1e3:>12.2f} ms{ratio}{fl[1] * 1e3:>10.2f} ms" if fl else f"{'':>15}{'':>9}{'':>13}")
+                  + f"   {r['status'][:110]}")
+        for (interval, who, k), a in agents.items():
+            label = "default intervals" if interval is None else f"all intervals {interval:g} s"
+            if other_script:
+                label += f", {'this checkout' if who == 'this' else args.compare} (run {k + 1})"
+            print(f"whole agent, {label}: CPU {a['cpu_share'] * 100:.2f} % of a core (over {args.seconds:g} s), "
+                  f"RSS {a['rss_mb']:.1f} MB now, {a['projected_mb']:.1f} MB projected at full retention, "
+                  f"{a['series']} series, /metrics {a['metrics_ms']:.1f} ms for {a['metrics_bytes'] / 1e6:.2f} MB")
+            for name, (up, reason, dur) in a["health"].items():
+                print(f"    {name:<8} {'up' if up else 'down':<5} last cycle {dur * 1e3:7.1f} ms wall  {reason[:100]}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,133 @@
+"""The exact MILP: the fixed containers' cost kept whatever HiGHS answers, symmetry rows that keep the optimum,
+the planner's own objective (with its hysteresis), and the search's gap to the optimum per family under a
+binding move budget (fixed seeds)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cri_resmgr.config import RebalancerConfig
+from cri_resmgr.rebalancer.model import CostModel
+from cri_resmgr.rebalancer.planner import Planner
+from cri_resmgr.rebalancer.problem import Problem, State
+from cri_resmgr.rebalancer.simulator import FAMILIES, generate
+from cri_resmgr.topology.fixtures import MachineSpec
+
+pytest.importorskip("highspy", reason="the exact solver needs highspy (pip install '.[test]')")
+
+from cri_resmgr.rebalancer.exact import Encoder, objective_of, optimum
+
+SMALL = MachineSpec("test-2s-4c-snc2", packages=2, dies_per_package=1, cores_per_die=4, threads_per_core=2,
+                    numa_per_package=2, l3_per_die=1, l3_kib_per_domain=16384, base_frequency_khz=2000000,
+                    base_frequency_overrides_khz={c: 2600000 for c in (0, 4, 8, 12)})
+
+
+def problem_of(family: str, n: int, seed: int, budget: int, **over) -> Problem:
+    sc = generate(family, SMALL, n, seed=seed, numa_bandwidth_bytes_per_second=20e9,
+                  rebalancer={"max_moves_per_round": budget, **over})
+    cfg = sc.config()
+    return Problem.build(sc.node_model(cfg), sc.inputs(), cfg, now=0.0)
+
+
+def test_nothing_movable_still_costs_what_the_fixed_containers_cost():
+    prob = problem_of("mixed", 12, 0, 4, namespaces=["elsewhere"])  # nothing selected: nothing movable
+    model = CostModel(prob.cfg)
+    assert not prob.movable.any()
+    fixed = prob.cfg.amortization_seconds * model.total(State(prob))
+    assert fixed > 100  # a real cost (oversubscribed fragmented pools, bandwidth hogs), not a zero
+    ex = optimum(prob, model, time_limit_seconds=30)
+    assert ex.status == "Optimal" and not ex.choice
+    assert ex.objective == pytest.approx(fixed, rel=1e-9)
+
+
+def test_optimum_includes_the_fixed_cost_when_some_containers_move():
+    prob = problem_of("bandwidth-hogs", 8, 1, 2)
+    model = CostModel(prob.cfg)
+    ex = optimum(prob, model, time_limit_seconds=60)
+    assert ex.status == "Optimal"
+    assert ex.objective == pytest.approx(objective_of(prob, model, ex.rows, ex.choice), rel=1e-6)
+
+
+def test_symmetry_rows_keep_the_optimum():
+    prob = problem_of("avx512-mix", 8, 2, 8)
+    model = CostModel(prob.cfg)
+    plain = Encoder(prob, model, symmetry=False).solve(60)
+    enc = Encoder(prob, model)
+    broken = enc.solve(60)
+    assert enc.symmetry_rows > 0  # every container starts on the whole pool: most cores are interchangeable
+    assert plain.status == broken.status == "Optimal"
+    assert broken.objective == pytest.approx(plain.objective, rel=1e-6, abs=1e-6)
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_search_is_within_five_percent_of_the_optimum_under_a_binding_budget(family):
+    """The planner's own objective (migration × (1 + gain_margin)) against the MILP of the same objective,
+    with fewer moves allowed than would pay: the budget binds."""
+    prob = problem_of(family, 12, 0, 4)
+    model = CostModel(prob.cfg)
+    plan = Planner(prob.cfg, model).plan(prob)
+    factor = 1.0 + prob.cfg.gain_margin
+    index = {c.id: i for i, c in enumerate(prob.containers)}
+    rows, choice = prob.S0.copy(), {}
+    for m in plan.moves:
+        i = index[m.container_id]
+        c = prob.cands.index_of(prob.node.positions(frozenset(int(x) for x in _cpus(m.to_cpus))))
+        rows[i], choice[i] = prob.cands.row(c), c
+    j_plan = objective_of(prob, model, rows, choice, factor)
+    ex = optimum(prob, model, time_limit_seconds=60, migration_factor=factor)
+    assert ex.status == "Optimal"
+    assert j_plan <= ex.objective * 1.05 + 1e-6, (family, j_plan, ex.objective)
+    assert len(plan.moves) <= prob.cfg.max_moves_per_round
+
+
+def test_a_swap_that_starts_with_a_batch_container_is_found_under_a_budget():
+    """SST-BF: a latency-critical container off the high-priority cores, batch work on them. The swap needs
+    the batch container to leave first; with two moves allowed both must go to the swap."""
+    from cri_resmgr.rebalancer.problem import ANNOTATION_LATENCY_CRITICAL, ContainerInput, NodeModel
+    from cri_resmgr.rebalancer.scenario import topology_from_spec
+
+    node = NodeModel.from_topology(topology_from_spec(SMALL))
+    cfg = RebalancerConfig(max_moves_per_round=2)
+    cs = [ContainerInput(id="batch", cpuset=frozenset({0, 8}), cpu_usage=2.0, cpu_request=2.0),
+          ContainerInput(id="web", cpuset=frozenset({1, 9}), cpu_usage=2.0, cpu_request=2.0,
+                         annotations={ANNOTATION_LATENCY_CRITICAL: "true"})]
+    cs += [ContainerInput(id=f"fill{k}", cpuset=frozenset({c, c + 8}), cpu_usage=2.0, cpu_request=2.0)
+           for k, c in enumerate((2, 3, 4, 5, 6, 7))]
+    prob = Problem.build(node, cs, cfg)
+    model = CostModel(cfg)
+    plan = Planner(cfg, model).plan(prob)
+    moved = {m.container_id: m.to_cpus for m in plan.moves}
+    ex = optimum(prob, model, time_limit_seconds=60, migration_factor=1.0 + cfg.gain_margin)
+    assert ex.status == "Optimal" and len(ex.choice) == 2
+    assert moved.get("web") in ("0,8", "4,12"), plan.moves
+    assert plan.cost_after.terms["latency_critical"] == 0.0
+
+
+def _cpus(text: str) -> list[int]:
+    from cri_resmgr.sysfs import parse_cpulist
+
+    return sorted(parse_cpulist(text))
+
+
+def test_the_planners_placement_starts_the_solver_at_its_own_cost():
+    """A MIP start: every column derived from the planner's placement has the model's cost of that placement,
+    and the solver's answer is never worse than it."""
+    prob = problem_of("mixed", 12, 1, 4)
+    model = CostModel(prob.cfg)
+    factor = 1.0 + prob.cfg.gain_margin
+    plan = Planner(prob.cfg, model).plan(prob)
+    index = {c.id: i for i, c in enumerate(prob.containers)}
+    rows, choice = prob.S0.copy(), {}
+    for m in plan.moves:
+        i = index[m.container_id]
+        c = prob.cands.index_of(prob.node.positions(frozenset(_cpus(m.to_cpus))))
+        rows[i], choice[i] = prob.cands.row(c), c
+    enc = Encoder(prob, model, factor)
+    for t in model.active_terms(prob):
+        t.encode(enc)
+    start = enc.start_values(choice)
+    j_plan = objective_of(prob, model, rows, choice, factor)
+    assert enc.constant + float(np.asarray(enc.cost) @ start) == pytest.approx(j_plan, rel=1e-9)
+    ex = Encoder(prob, model, factor).solve(60, start=choice)
+    assert ex.status == "Optimal" and ex.objective <= j_plan + 1e-6

@@ -1,0 +1,354 @@
+"""The relay's HTTP/2 proxy driven by independent HTTP/2 peers (the ``h2`` library) on both sides, in process:
+flow-control windows around held requests, padding, RST_STREAM during a held request, rewrites that change the
+message size, and the limits (a CONTINUATION flood, a held message over its limit) that end a stream or a
+connection while the relay goes on serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import h2.config
+import h2.connection
+import h2.events
+import h2.exceptions
+import hpack
+import pytest
+
+from cri_resmgr.relay.h2proxy import MAX_HEADER_BLOCK, MAX_HELD_MESSAGE, Exchange, Hooks, Mode, Proxy
+
+REWRITE, OBSERVE, PASS = "/t.S/Rewrite", "/t.S/Observe", "/t.S/Pass"
+HEADER_LIMIT, HELD_LIMIT = 256 << 10, 512 << 10
+
+
+def grpc_frame(message: bytes) -> bytes:
+    return b"\x00" + len(message).to_bytes(4, "big") + message
+
+
+def digest(message: bytes) -> bytes:
+    return hashlib.sha256(message).digest() + len(message).to_bytes(4, "big")
+
+
+class TestHooks(Hooks):
+    __test__ = False
+
+    def __init__(self) -> None:
+        self.completed: list[tuple[str, int, bytes]] = []
+        self.grow = 1000  # the rewrite appends this many bytes (negative: cuts)
+
+    def mode(self, method: str) -> Mode:
+        return {REWRITE: Mode.REWRITE, OBSERVE: Mode.OBSERVE}.get(method, Mode.PASS)
+
+    def rewrite(self, ex: Exchange) -> bytes | None:
+        time.sleep(0.01)  # a worker takes a moment: frames keep arriving meanwhile
+        return ex.request + b"R" * self.grow if self.grow >= 0 else ex.request[: self.grow]
+
+    def complete(self, ex: Exchange) -> None:
+        self.completed.append((ex.method, ex.code if ex.code is not None else -1, ex.request))
+
+
+@dataclass
+class Upstream:
+    received: list[tuple[str, bytes]] = field(default_factory=list)
+    resets: list[int] = field(default_factory=list)
+    errors: list[Exception] = field(default_factory=list)
+
+
+class UpstreamProtocol(asyncio.Protocol):
+    """A gRPC-shaped HTTP/2 server: answers each request with the SHA-256 and length of the message it got."""
+
+    def __init__(self, up: Upstream):
+        self.up = up
+        self.conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False, header_encoding="utf-8"))
+        self.bodies: dict[int, bytearray] = {}
+        self.paths: dict[int, str] = {}
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.t = transport
+        self.conn.initiate_connection()
+        self.t.write(self.conn.data_to_send())
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            events = self.conn.receive_data(data)
+        except h2.exceptions.ProtocolError as e:
+            self.up.errors.append(e)
+            self.t.close()
+            return
+        for ev in events:
+            if isinstance(ev, h2.events.RequestReceived):
+                self.bodies[ev.stream_id] = bytearray()
+                self.paths[ev.stream_id] = dict(ev.headers)[":path"]
+            elif isinstance(ev, h2.events.DataReceived):
+                self.bodies[ev.stream_id] += ev.data
+                self.conn.acknowledge_received_data(ev.flow_controlled_length, ev.stream_id)
+            elif isinstance(ev, h2.events.StreamEnded):
+                body = bytes(self.bodies.pop(ev.stream_id))
+                msg = body[5:5 + int.from_bytes(body[1:5], "big")]
+                self.up.received.append((self.paths[ev.stream_id], msg))
+                self.conn.send_headers(ev.stream_id, [(":status", "200"), ("content-type", "application/grpc")])
+                self.conn.send_data(ev.stream_id, grpc_frame(digest(msg)))
+                self.conn.send_headers(ev.stream_id, [("grpc-status", "0")], end_stream=True)
+            elif isinstance(ev, h2.events.StreamReset):
+                self.up.resets.append(ev.stream_id)
+                self.bodies.pop(ev.stream_id, None)
+        self.t.write(self.conn.data_to_send())
+
+
+@dataclass
+class Result:
+    status: int | None = None
+    message: bytes = b""
+    reset: int | None = None  # RST_STREAM error code received
+
+
+class Client:
+    """A gRPC-shaped HTTP/2 client over a blocking unix socket."""
+
+    def __init__(self, path: str):
+        self.s = socket.socket(socket.AF_UNIX)
+        self.s.settimeout(10)
+        self.s.connect(path)
+        self.conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding="utf-8"))
+        self.conn.initiate_connection()
+        self.results: dict[int, Result] = {}
+        self.done: set[int] = set()
+        self.bodies: dict[int, bytearray] = {}
+        self.terminated: h2.events.ConnectionTerminated | None = None
+        self._flush()
+
+    def _flush(self) -> None:
+        out = self.conn.data_to_send()
+        if out:
+            self.s.sendall(out)
+
+    def pump(self) -> None:
+        data = self.s.recv(1 << 16)
+        if not data:
+            raise EOFError("proxy closed the connection")
+        for ev in self.conn.receive_data(data):
+            sid = getattr(ev, "stream_id", 0)
+            r = self.results.setdefault(sid, Result()) if sid else None
+            if isinstance(ev, (h2.events.ResponseReceived, h2.events.TrailersReceived)):
+                st = dict(ev.headers).get("grpc-status")
+                if st is not None:
+                    r.status = int(st)
+            elif isinstance(ev, h2.events.DataReceived):
+                self.bodies.setdefault(sid, bytearray()).extend(ev.data)
+                self.conn.acknowledge_received_data(ev.flow_controlled_length, sid)
+            elif isinstance(ev, h2.events.StreamEnded):
+                body = bytes(self.bodies.pop(sid, b""))
+                r.message = body[5:]
+                self.done.add(sid)
+            elif isinstance(ev, h2.events.StreamReset):
+                r.reset = ev.error_code
+                self.done.add(sid)
+            elif isinstance(ev, h2.events.ConnectionTerminated):
+                self.terminated = ev
+        self._flush()
+
+    def start(self, path: str) -> int:
+        sid = self.conn.get_next_available_stream_id()
+        self.conn.send_headers(sid, [(":method", "POST"), (":scheme", "http"), (":path", path), (":authority", "rt"),
+                                     ("content-type", "application/grpc"), ("te", "trailers")])
+        self._flush()
+        return sid
+
+    def send(self, sid: int, body: bytes, end: bool, pad: int = 0) -> None:
+        """Send respecting the windows (padding counts against them: RFC 9113 §6.1)."""
+        while body or end:
+            if sid in self.done:
+                return
+            room = min(self.conn.local_flow_control_window(sid), self.conn.max_outbound_frame_size) - \
+                (pad + 1 if pad else 0)
+            if room <= 0:
+                self.pump()
+                continue
+            chunk, body = body[:room], body[room:]
+            last = end and not body
+            try:
+                self.conn.send_data(sid, chunk, end_stream=last, pad_length=pad or None)
+            except h2.exceptions.StreamClosedError:
+                return
+            self._flush()
+            if last:
+                return
+
+    def wait(self, sid: int, timeout: float = 10) -> Result:
+        deadline = time.monotonic() + timeout
+        while sid not in self.done:
+            assert time.monotonic() < deadline, f"stream {sid} never ended"
+            self.pump()
+        return self.results[sid]
+
+    def call(self, path: str, message: bytes, pad: int = 0) -> Result:
+        sid = self.start(path)
+        self.send(sid, grpc_frame(message), True, pad)
+        return self.wait(sid)
+
+    def close(self) -> None:
+        self.s.close()
+
+
+@pytest.fixture
+def proxy(tmp_path):
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    up, hooks, resets = Upstream(), TestHooks(), []
+    up_path, px_path = str(tmp_path / "up.sock"), str(tmp_path / "px.sock")
+    executor = ThreadPoolExecutor(2)
+
+    async def setup() -> tuple[asyncio.AbstractServer, Proxy]:
+        server = await loop.create_unix_server(lambda: UpstreamProtocol(up), up_path)
+        p = Proxy(up_path, hooks, executor, max_header_block=HEADER_LIMIT, max_held_message=HELD_LIMIT,
+                  on_reset=resets.append)
+        await p.start(px_path)
+        return server, p
+
+    server, p = asyncio.run_coroutine_threadsafe(setup(), loop).result(5)
+    clients: list[Client] = []
+
+    def connect() -> Client:
+        c = Client(px_path)
+        clients.append(c)
+        return c
+
+    yield connect, up, hooks, resets
+    for c in clients:
+        c.close()
+    asyncio.run_coroutine_threadsafe(p.close(), loop).result(5)
+
+    async def close_upstream() -> None:
+        # asyncio servers are not thread-safe: close on the loop's own thread.
+        server.close()
+        await server.wait_closed()
+
+    asyncio.run_coroutine_threadsafe(close_upstream(), loop).result(5)
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(5)
+    executor.shutdown()
+
+
+def test_the_default_limits_are_at_least_the_runtimes_own():
+    assert MAX_HEADER_BLOCK >= 16 << 20 and MAX_HELD_MESSAGE >= (16 << 20) + 5
+
+
+def test_held_requests_larger_than_the_window_pass_rewritten_and_the_windows_stay_exact(proxy):
+    connect, up, hooks, _ = proxy
+    c = connect()
+    for size, grow in ((200_000, 1000), (150_000, -40_000), (100, 70_000)):  # grows, shrinks, crosses frames
+        hooks.grow = grow
+        msg = bytes(range(256)) * (size // 256) + b"x" * (size % 256)
+        r = c.call(REWRITE, msg)
+        want = msg + b"R" * grow if grow >= 0 else msg[:grow]
+        assert r.status == 0 and r.message == digest(want)
+        assert up.received[-1] == (REWRITE, want)
+    big = b"p" * 300_000  # forwarded as it comes, on the same connection
+    assert c.call(PASS, big).message == digest(big)
+    assert c.call(OBSERVE, big).message == digest(big)
+    # The proxy never credits the client more than the runtime's window: the client's view of the
+    # connection window never exceeds what the runtime granted (65535 at start, all acknowledged since).
+    assert 0 < c.conn.outbound_flow_control_window <= 65535
+    assert [m for m, code, _ in hooks.completed] == [REWRITE, REWRITE, REWRITE, OBSERVE]
+    assert all(code == 0 for _m, code, _r in hooks.completed) and not up.errors
+
+
+def test_padded_data_is_unpadded_for_rewrite_and_forwarded_as_is_otherwise(proxy):
+    connect, up, hooks, _ = proxy
+    c = connect()
+    hooks.grow = 3
+    msg = b"m" * 40_000
+    r = c.call(REWRITE, msg, pad=200)
+    assert r.status == 0 and up.received[-1] == (REWRITE, msg + b"RRR")
+    r = c.call(PASS, msg, pad=255)
+    assert r.status == 0 and up.received[-1] == (PASS, msg)
+    assert c.call(REWRITE, b"after").status == 0  # windows still right after padding was credited
+    assert not up.errors
+
+
+def test_rst_stream_during_a_held_request_cancels_it_and_the_connection_goes_on(proxy):
+    connect, up, hooks, _ = proxy
+    c = connect()
+    sid = c.start(REWRITE)
+    c.send(sid, grpc_frame(b"h" * 100_000)[:60_000], end=False)  # held: the message is not complete
+    c.conn.reset_stream(sid, error_code=0x8)
+    c._flush()
+    deadline = time.monotonic() + 5
+    while not any(m == REWRITE and code == 1 for m, code, _ in hooks.completed):  # CANCELLED
+        assert time.monotonic() < deadline, hooks.completed
+        time.sleep(0.01)
+    while sid not in up.resets:
+        assert time.monotonic() < deadline, "the runtime never saw the reset"
+        time.sleep(0.01)
+    assert all(m != REWRITE for m, _msg in up.received)  # the half message never reached the runtime
+    r = c.call(REWRITE, b"n" * 100_000)
+    assert r.status == 0 and up.received[-1][0] == REWRITE
+
+
+def test_a_held_message_over_the_limit_resets_the_stream_and_the_relay_goes_on(proxy):
+    connect, up, hooks, resets = proxy
+    c = connect()
+    sid = c.start(REWRITE)
+    c.send(sid, grpc_frame(b"b" * (HELD_LIMIT + 100_000)), end=True)
+    r = c.wait(sid)
+    assert r.status == 8  # RESOURCE_EXHAUSTED
+    deadline = time.monotonic() + 5
+    while (REWRITE, 8) not in [(m, code) for m, code, _ in hooks.completed]:  # the hook runs on the proxy's loop
+        assert time.monotonic() < deadline, hooks.completed
+        time.sleep(0.01)
+    assert resets == ["held_message"]
+    while sid not in up.resets:
+        assert time.monotonic() < deadline, "the runtime never saw the reset"
+        time.sleep(0.01)
+    assert c.call(REWRITE, b"small").status == 0  # same connection, windows intact
+    assert c.call(PASS, b"z" * 200_000).status == 0
+
+
+def raw_frame(ftype: int, flags: int, sid: int, payload: bytes) -> bytes:
+    return len(payload).to_bytes(3, "big") + bytes((ftype, flags)) + sid.to_bytes(4, "big") + payload
+
+
+def test_a_continuation_flood_ends_that_connection_only(proxy, tmp_path):
+    connect, up, hooks, resets = proxy
+    s = socket.socket(socket.AF_UNIX)
+    s.settimeout(10)
+    s.connect(str(tmp_path / "px.sock"))
+    block = hpack.Encoder().encode([(":method", "POST"), (":scheme", "http"), (":path", PASS),
+                                    (":authority", "rt"), ("x-pad", "a" * 4000)])
+    s.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + raw_frame(4, 0, 0, b"") + raw_frame(1, 0, 1, block))
+    sent, goaway = 0, None
+    buf = b""
+    try:
+        while sent < 4 * HEADER_LIMIT:  # CONTINUATION frames, never END_HEADERS
+            s.sendall(raw_frame(9, 0, 1, b"\x00" * 16000))
+            sent += 16000
+    except (BrokenPipeError, ConnectionResetError):
+        pass
+    try:
+        while True:
+            data = s.recv(1 << 16)
+            if not data:
+                break
+            buf += data
+    except (ConnectionResetError, TimeoutError):
+        pass
+    pos = 0
+    while pos + 9 <= len(buf):
+        n = int.from_bytes(buf[pos:pos + 3], "big")
+        if buf[pos + 3] == 7:  # GOAWAY
+            goaway = int.from_bytes(buf[pos + 13:pos + 17], "big")
+        pos += 9 + n
+    s.close()
+    assert goaway == 0xB  # ENHANCE_YOUR_CALM
+    assert resets == ["header_block"]
+    assert not any(p == PASS for p, _ in up.received)
+    c = connect()  # the relay goes on
+    assert c.call(PASS, b"still here").status == 0
