@@ -4,7 +4,6 @@ collector threads and configuration reloads. HTTP lives in :mod:`cri_resmgr.web.
 from __future__ import annotations
 
 import errno
-import fcntl
 import logging
 import os
 import threading
@@ -26,6 +25,7 @@ from .collectors.sst import SstCollector
 from .config import Config, ConfigError, load_config
 from .export.exposition import DirectSample
 from .export.remote_write import RemoteWriter
+from .runfiles import acquire_lock
 from .store import Store, checkpoint
 from .supervise import LoopStatus, start_supervised
 from .topology import Topology, discover
@@ -41,35 +41,16 @@ LOCK_NAME = "cri-resmgr.lock"
 RESTART_KEYS = ("listen", "run_dir", "state_dir", "paths", "node_name", "store")
 
 
-class AlreadyRunning(Exception):
-    pass
-
-
 class InstanceLock:
-    """``flock`` on ``run_dir/cri-resmgr.lock``, held for the process lifetime.
-
-    The kernel drops a flock when its holder dies, so a lock file left by a killed process never
-    blocks a restart; the pid inside is only there to name the holder in the error message.
-    """
+    """``flock`` on ``run_dir/cri-resmgr.lock``, held for the process lifetime (see :func:`runfiles.acquire_lock`:
+    a lock file left by a killed process never blocks a restart)."""
 
     def __init__(self, path: Path):
         self.path = path
         self.fd: int | None = None
 
     def acquire(self) -> None:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as e:
-            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
-                os.close(fd)
-                raise
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
-            os.close(fd)
-            raise AlreadyRunning(f"cri-resmgr is already running (pid {holder}); lock {self.path}") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        self.fd = fd
+        self.fd = acquire_lock(self.path, "cri-resmgr")
 
     def release(self) -> None:
         if self.fd is not None:

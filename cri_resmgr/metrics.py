@@ -100,8 +100,9 @@ CONTAINER_MEMORY_WORKING_SET = define(
 )
 CONTAINER_CPUSET_CPUS = define(
     "container", "cpuset_cpus", "gauge",
-    "Number of CPUs in the container's effective cpuset; the label 'cpus' lists them.",
-    labels=CONTAINER_LABELS + ("cpus",),
+    "Number of CPUs in the container's effective cpuset. The CPU list itself is not a label (it would make a "
+    "new series at every shared-pool change): /api/v1/containers gives it as 'cpuset'.",
+    labels=CONTAINER_LABELS,
 )
 CONTAINER_PRESSURE_STALLED = define(
     "container", "pressure_stalled", "counter",

@@ -20,7 +20,8 @@ def serve(cfg: Config, config_path: Path | None, flags: dict) -> ExitCode:
     logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     import uvicorn
 
-    from .agent import Agent, AlreadyRunning
+    from .agent import Agent
+    from .runfiles import AlreadyRunning
     from .web.app import create_app
 
     agent = Agent(cfg, config_path, flags=flags)

@@ -162,8 +162,9 @@ CONTAINERS = D(
               (Q(f"sum by ({BY_CONTAINER}) (cri_resmgr_container_memory_working_set_bytes{{{CONT}}})",
                  CONTAINER_LEGEND),), "bytes"),
             P("table", "CPUs per container",
-              (Q(f"max by ({BY_CONTAINER}, cpus) (cri_resmgr_container_cpuset_cpus{{{CONT}}})", instant=True),),
-              "none", "Effective cpuset: the number of CPUs and the list (label cpus)."),
+              (Q(f"max by ({BY_CONTAINER}) (cri_resmgr_container_cpuset_cpus{{{CONT}}})", instant=True),),
+              "none", "Number of CPUs in the effective cpuset (the CPU list: cpuset in the agent's "
+              "/api/v1/containers)."),
         )),
         ("AVX-512", (
             P("heatmap", "AVX-512 ratio per container",

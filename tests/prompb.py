@@ -1,5 +1,6 @@
 """Prometheus remote-write messages (prometheus/prompb/{remote,types}.proto) as protobuf classes built at run time
-from descriptors, so tests can parse what the agent encodes by hand with the protobuf library itself."""
+from descriptors written independently of cri_resmgr/export/prompb/remote.proto, so tests check what the agent
+encodes against the public field numbers with the protobuf library itself."""
 
 from __future__ import annotations
 

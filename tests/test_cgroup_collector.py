@@ -66,7 +66,8 @@ def test_collects_container_values(tmp_path: Path, version: int):
     assert by[(M.CONTAINER_MEMORY_USAGE.name, CID)].value == 100 * 2**20
     assert by[(M.CONTAINER_MEMORY_WORKING_SET.name, CID)].value == 70 * 2**20
     cs = by[(M.CONTAINER_CPUSET_CPUS.name, CID)]
-    assert cs.value == 2 and cs.labels["cpus"] == "0-1"
+    assert cs.value == 2 and "cpus" not in cs.labels
+    assert col.cpusets() == {CID: frozenset({0, 1}), CID2: frozenset({1})}
     assert by[(M.CONTAINER_CPU_USAGE.name, CID)].labels["qos_class"] == "Burstable"
     assert by[(M.CONTAINER_CPU_USAGE.name, CID2)].labels["qos_class"] == "BestEffort"
     assert set(col.containers) == {CID, CID2}
@@ -216,3 +217,28 @@ def test_names_carry_only_cri_resource_manager_annotations_of_pod_and_container(
     got = names_from([c], [sb])["c1"]
     assert got.annotations == (("rdt-monitor.cri-resource-manager.intel.com/container.c", "false"),
                                ("rdt-monitor.cri-resource-manager.intel.com/pod", "true"))
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_cpuset_changes_make_no_new_series(tmp_path: Path, version: int):
+    """Shared-pool changes (cpuset 0-1 -> 1 -> 0-3 -> 0-1) keep one cpuset series per container: the value
+    is the CPU count; the CPU list is the collector's latest reading (``cpusets``), not a label."""
+    from cri_resmgr.store import Matcher, Store
+
+    rel = f"kubepods/burstable/pod{UID}/{CID}"
+    (make_v1 if version == 1 else make_v2)(tmp_path, rel, Values(cpus="0-1"))
+    files = ([tmp_path / "cpuset" / rel / "cpuset.effective_cpus", tmp_path / "cpuset" / rel / "cpuset.cpus"]
+             if version == 1 else [tmp_path / rel / "cpuset.cpus.effective"])
+    col = CgroupCollector(tmp_path)
+    store = Store(600)
+    name = M.CONTAINER_CPUSET_CPUS.name
+    for t, cpus, n in ((1.0, "0-1", 2), (2.0, "1", 1), (3.0, "0-3", 4), (4.0, "0-1", 2)):
+        for f in files:
+            f.write_text(cpus + "\n")
+        store.append("cgroup", t, col.collect(t), 1.0)
+        refs = store.select(name)
+        assert len(refs) == 1 and "cpus" not in refs[0].label_dict, [r.label_dict for r in refs]
+        assert store.latest(name)[0][2] == n
+        assert col.cpusets() == {CID: frozenset(range(4) if n == 4 else (1,) if n == 1 else (0, 1))}
+    assert len(store.select(name, [Matcher("container_id", "=", CID)])) == 1
+    col.close()

@@ -59,7 +59,7 @@ class Node:
             return info.identity.cgroup_path if info else None
 
         return Rebalancer(self.store, lambda: topo, lambda: conf,
-                          applier=lambda c: CgroupMoveApplier(self.root, resolve))
+                          applier=lambda c: CgroupMoveApplier(self.root, resolve), cpusets=self.col.cpusets)
 
 
 @pytest.fixture
@@ -77,7 +77,8 @@ def metric(store: Store, name: str, **labels) -> float | None:
 
 
 def test_inputs_come_from_the_store_window_with_overrides_and_missing_signals(node):
-    inputs = read_inputs(node.store, RebalancerConfig(window_seconds=3, overrides=AVX_OVERRIDES), node.t)
+    inputs = read_inputs(node.store, RebalancerConfig(window_seconds=3, overrides=AVX_OVERRIDES), node.t,
+                         cpusets=node.col.cpusets())
     by = {c.name: c for c in inputs.containers}
     assert set(by) == set(NAMES)
     assert all(c.cpuset == {0, 1} for c in by.values())
@@ -89,7 +90,7 @@ def test_inputs_come_from_the_store_window_with_overrides_and_missing_signals(no
     for t in (node.t - 2, node.t - 1, node.t):
         labels = {"container_id": "scalar-b", "container": "scalar-b"}
         node.store.append("avx512", t, [Sample(AVX512_RATIO, labels, 0.6)])
-    inputs = read_inputs(node.store, RebalancerConfig(window_seconds=3), node.t)
+    inputs = read_inputs(node.store, RebalancerConfig(window_seconds=3), node.t, cpusets=node.col.cpusets())
     assert {c.name: c.avx512_ratio for c in inputs.containers}["scalar-b"] == pytest.approx(0.6)
     assert not any(m.startswith("avx512_ratio") for m in inputs.missing)
 
@@ -186,9 +187,9 @@ def test_with_the_relay_as_applier_only_containers_it_knows_are_moved(node):
     rb2 = node.rebalancer(mode="advise", cooldown_seconds=0, applier="cgroup")
     rb2.metadata = _RelayCache({"avx-a"})
     inputs = read_inputs(node.store, RebalancerConfig(window_seconds=3, overrides=AVX_OVERRIDES), node.t,
-                         metadata=rb2.metadata.metadata(), only_known=False)
+                         metadata=rb2.metadata.metadata(), cpusets=node.col.cpusets(), only_known=False)
     assert all(c.pinned_reason is None for c in inputs.containers)
     inputs = read_inputs(node.store, RebalancerConfig(window_seconds=3, overrides=AVX_OVERRIDES), node.t,
-                         metadata=rb2.metadata.metadata(), only_known=True)
+                         metadata=rb2.metadata.metadata(), cpusets=node.col.cpusets(), only_known=True)
     assert {c.id for c in inputs.containers if c.pinned_reason == "not known to the relay"} == {
         "avx-b", "scalar-a", "scalar-b"}

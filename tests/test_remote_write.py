@@ -4,10 +4,12 @@ tests/integration/test_remote_write_prometheus.py."""
 
 from __future__ import annotations
 
+import ast
 import itertools
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import cramjam
 import pytest
@@ -15,7 +17,7 @@ import pytest
 from cri_resmgr import metrics as M
 from cri_resmgr.config import RemoteWriteConfig
 from cri_resmgr.export.exposition import DirectSample
-from cri_resmgr.export.remote_write import RemoteWriter, StoreCursor, _varint, encode_labels, encode_write_request
+from cri_resmgr.export.remote_write import RemoteWriter, StoreCursor, encode_labels, write_request
 from cri_resmgr.store import Sample, Store
 
 from . import prompb
@@ -87,15 +89,30 @@ def drain(w: RemoteWriter, c: RemoteWriteConfig, timeout: float = 10) -> None:
     raise AssertionError("writer did not drain")
 
 
-def test_varint_matches_the_protobuf_encoding_rules():
-    assert _varint(0) == b"\x00" and _varint(1) == b"\x01" and _varint(300) == b"\xac\x02"
-    assert _varint(-1) == b"\xff" * 9 + b"\x01"  # int64 -1: ten bytes
+def test_checked_in_messages_match_the_proto(tmp_path):
+    """remote_pb2.py/.pyi are what protoc makes of remote.proto now (skips without grpcio-tools)."""
+    pytest.importorskip("grpc_tools", reason="grpcio-tools (test extra) compiles the .proto files")
+    from cri_resmgr.export.prompb import generate, remote_pb2
+
+    generate.compile_protos(tmp_path)
+    assert _descriptor_of(tmp_path / "remote_pb2.py") == remote_pb2.DESCRIPTOR.serialized_pb, \
+        "remote_pb2.py is stale: run python -m cri_resmgr.export.prompb.generate"
+    checked_in = Path(remote_pb2.__file__).with_suffix(".pyi")
+    assert (tmp_path / "remote_pb2.pyi").read_text() == checked_in.read_text(), "remote_pb2.pyi is stale"
+
+
+def _descriptor_of(path: Path) -> bytes:
+    """The serialized file descriptor in a generated module (the rest of its text varies with protoc's version)."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "AddSerializedFile":
+            return node.args[0].value
+    raise AssertionError(f"no serialized descriptor in {path}")
 
 
 def test_write_request_parses_back_with_the_protobuf_library():
     labels = encode_labels([("__name__", "m"), ("cpu", "3"), ("näme", "wert \"x\"")])
-    body = encode_write_request([(labels, [(1.25, 1_700_000_000_123), (float("inf"), 1_700_000_001_000)])],
-                                [M.CPU_BUSY, M.CPU_UTILIZATION])
+    body = write_request([(labels, [(1.25, 1_700_000_000_123), (float("inf"), 1_700_000_001_000)])],
+                         [M.CPU_BUSY, M.CPU_UTILIZATION])
     got = prompb.parse(body)
     assert got["series"] == {(("__name__", "m"), ("cpu", "3"), ("näme", 'wert "x"')):
                              [(1_700_000_000_123, 1.25), (1_700_000_001_000, float("inf"))]}

@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import tempfile
 import zipfile
 from pathlib import Path
 
@@ -69,15 +70,12 @@ def _build_wheel(src: Path, out: Path, env: dict[str, str] | None = None, isolat
 
 def _venv_builds_wheels() -> bool:
     """This venv's setuptools can build the wheel itself (>= 70.1 has bdist_wheel built in; older ones need the
-    wheel package), so a test of setup.py's messages can skip the isolated environment's set-up."""
-    import importlib.metadata
-    import importlib.util
-
-    try:
-        major, minor = (int(x) for x in importlib.metadata.version("setuptools").split(".")[:2])
-    except (importlib.metadata.PackageNotFoundError, ValueError):
-        return False
-    return (major, minor) >= (70, 1) or importlib.util.find_spec("wheel") is not None
+    wheel package), so a test of setup.py's messages can skip the isolated environment's set-up. Asked of a fresh
+    interpreter in an empty directory, so that nothing on this process's path (a folder named ``wheel``) answers."""
+    probe = "try:\n import setuptools.command.bdist_wheel\nexcept ImportError:\n import wheel.bdist_wheel"
+    with tempfile.TemporaryDirectory() as empty:
+        return subprocess.run([sys.executable, "-I", "-c", probe], cwd=empty, capture_output=True,
+                              timeout=60).returncode == 0
 
 
 @pytest.mark.integration

@@ -48,7 +48,7 @@ from typing import NamedTuple
 from .. import metrics as M
 from ..config import CgroupCollectorConfig
 from ..store import Sample
-from ..sysfs import format_cpulist, parse_cpulist
+from ..sysfs import parse_cpulist
 from .base import Collector, CollectorUnavailable, Probe
 from .discovery import MAX_DEPTH, ContainerDiscovery
 from .identity import ContainerIdentity, is_container_dir, parse_container_path
@@ -349,13 +349,7 @@ class _Tracked:
     labels: dict[str, str]
     paths: tuple[str, ...]
     files: OpenFiles = field(default_factory=OpenFiles)
-    cpuset_labels: tuple[frozenset[int] | None, dict[str, str]] = (None, {})
     psi_labels: dict[tuple[str, str], dict[str, str]] = field(default_factory=dict)
-
-    def labels_for_cpuset(self, cpus: frozenset[int]) -> dict[str, str]:
-        if self.cpuset_labels[0] is not cpus:
-            self.cpuset_labels = (cpus, {**self.labels, "cpus": format_cpulist(cpus)})
-        return self.cpuset_labels[1]
 
     def labels_for_psi(self, res: str, kind: str) -> dict[str, str]:
         lab = self.psi_labels.get((res, kind))
@@ -524,7 +518,8 @@ class CgroupCollector(Collector):
                 if v is not None:
                     samples.append(Sample(name, lab, float(v)))
             if st.cpuset is not None:
-                samples.append(Sample(_CPUSET, t.labels_for_cpuset(st.cpuset), float(len(st.cpuset))))
+                # the count only: a label listing the CPUs would make a new series at every cpuset change
+                samples.append(Sample(_CPUSET, lab, float(len(st.cpuset))))
             for res, p in st.pressure:
                 if p.some_seconds is not None:
                     samples.append(Sample(_PSI, t.labels_for_psi(res, "some"), p.some_seconds))
@@ -534,6 +529,12 @@ class CgroupCollector(Collector):
             tracked.pop(cid).files.close()
         self.containers = seen
         return samples
+
+    def cpusets(self) -> dict[str, frozenset[int]]:
+        """Container id -> effective cpuset, as the last :meth:`collect` read it (the CPU lists are not in
+        the store: a label holding them would churn series). Safe from other threads: ``containers`` is
+        replaced, never changed, by each collect."""
+        return {cid: i.stats.cpuset for cid, i in self.containers.items() if i.stats.cpuset is not None}
 
     def _close_files(self) -> None:
         for t in self._tracked.values():

@@ -11,9 +11,10 @@ whose body is a snappy-compressed (block format, not framed) protobuf ``promethe
     message Sample         { double value = 1; int64 timestamp = 2; }   // milliseconds since the epoch
     message MetricMetadata { MetricType type = 1; string metric_family_name = 2; string help = 4; string unit = 5; }
 
-Labels are sorted by name and ``__name__`` carries the metric name. The encoding is written here by hand (a few
-varints and length prefixes); tests parse it back with the protobuf library from descriptors built from the
-same field numbers, and a real Prometheus started with ``--web.enable-remote-write-receiver`` ingests it.
+Labels are sorted by name and ``__name__`` carries the metric name. The messages are protobuf classes compiled
+from ``export/prompb/remote.proto`` (the same public field numbers); tests parse the body back with classes built
+independently from descriptors (tests/prompb.py), and a real Prometheus started with
+``--web.enable-remote-write-receiver`` ingests it.
 
 Delivery: every ``interval_seconds`` the rows the store gained since the last read are queued (bounded by
 ``queue_max`` samples; the oldest are dropped and counted). Batches of ``batch_max`` samples are sent in time
@@ -28,7 +29,6 @@ import base64
 import logging
 import random
 import re
-import struct
 import threading
 import time
 from collections import deque
@@ -46,63 +46,44 @@ from ..config import RemoteWriteConfig, redact_url
 from ..store import Store
 from ..supervise import LoopStatus, start_supervised
 from .exposition import DirectSample
+from .prompb import remote_pb2 as pb
 
 log = logging.getLogger(__name__)
 
-# MetricMetadata.MetricType (prompb/types.proto)
-METRIC_TYPES = {"counter": 1, "gauge": 2, "histogram": 3, "gaugehistogram": 4, "summary": 5, "info": 6,
-                "stateset": 7}
 METADATA_INTERVAL_SECONDS = 60.0  # like Prometheus' metadata_config.send_interval default
 
 
-# -- protobuf wire format (https://protobuf.dev/programming-guides/encoding/) --------------------------
-def _varint(n: int) -> bytes:
-    if n < 0:
-        n += 1 << 64  # int64 negatives are ten-byte two's complement varints
-    out = bytearray()
-    while True:
-        b = n & 0x7F
-        n >>= 7
-        if n:
-            out.append(b | 0x80)
-        else:
-            out.append(b)
-            return bytes(out)
-
-
-def _len_field(field: int, payload: bytes) -> bytes:
-    return _varint(field << 3 | 2) + _varint(len(payload)) + payload
+# -- the request ------------------------------------------------------------------------------------
+# The protobuf library rather than a hand encoder (the one this module had is the bench's baseline): building
+# and serializing a 10k-sample WriteRequest takes 9-13 ms with it against 22-28 ms by hand for 1000 series × 10
+# rows, 6-10 against 16-26 ms for 100 × 100, and about the same for 10000 × 1 (34-41 against 38-41 ms, one run
+# at 66 ms), protobuf 6.33 (upb), three runs on a loaded 2-core machine:
+# `nice .venv/bin/python bench/remote_write_bench.py SERIES ROWS`.
+def metric_type(spec: M.MetricSpec) -> int:
+    """MetricMetadata.MetricType of a metric (UNKNOWN for a type prompb does not name)."""
+    v = pb.MetricMetadata.MetricType.DESCRIPTOR.values_by_name.get(spec.type.upper())
+    return pb.MetricMetadata.UNKNOWN if v is None else v.number
 
 
 def encode_labels(labels: Iterable[tuple[str, str]]) -> bytes:
-    """TimeSeries.labels (field 1) for labels already sorted by name."""
-    return b"".join(_len_field(1, _len_field(1, k.encode()) + _len_field(2, v.encode())) for k, v in labels)
+    """A TimeSeries holding only ``labels`` (already sorted by name), serialized: cached per series and merged
+    into each request's TimeSeries (twice as fast as copying cached Label messages for one-sample series)."""
+    return pb.TimeSeries(labels=[pb.Label(name=k, value=v) for k, v in labels]).SerializeToString()
 
 
-_SAMPLE_VALUE_TAG = bytes([1 << 3 | 1])  # field 1, wire type 1 (64-bit)
-_SAMPLE_TS_TAG = bytes([2 << 3 | 0])  # field 2, varint
-
-
-def encode_sample(value: float, timestamp_ms: int) -> bytes:
-    """TimeSeries.samples (field 2): one Sample."""
-    body = _SAMPLE_VALUE_TAG + struct.pack("<d", value) + _SAMPLE_TS_TAG + _varint(timestamp_ms)
-    return _len_field(2, body)
-
-
-def encode_metadata(spec: M.MetricSpec) -> bytes:
-    body = (_varint(1 << 3) + _varint(METRIC_TYPES.get(spec.type, 0)) + _len_field(2, spec.name.encode())
-            + _len_field(4, spec.help.encode()) + (_len_field(5, spec.unit.encode()) if spec.unit else b""))
-    return _len_field(3, body)
-
-
-def encode_write_request(series: Iterable[tuple[bytes, list[tuple[float, int]]]],
-                         metadata: Iterable[M.MetricSpec] = ()) -> bytes:
-    """WriteRequest from (encoded labels, [(value, timestamp_ms), ...]) pairs."""
-    parts = []
+def write_request(series: Iterable[tuple[bytes, list[tuple[float, int]]]],
+                  metadata: Iterable[M.MetricSpec] = ()) -> bytes:
+    """A serialized WriteRequest from (:func:`encode_labels`, [(value, timestamp_ms), ...]) pairs."""
+    req = pb.WriteRequest()
     for labels, samples in series:
-        parts.append(_len_field(1, labels + b"".join(encode_sample(v, t) for v, t in samples)))
-    parts += [encode_metadata(s) for s in metadata]
-    return b"".join(parts)
+        ts = req.timeseries.add()
+        ts.MergeFromString(labels)
+        add = ts.samples.add
+        for v, t in samples:
+            add(value=v, timestamp=t)
+    for spec in metadata:
+        req.metadata.add(type=metric_type(spec), metric_family_name=spec.name, help=spec.help, unit=spec.unit or "")
+    return req.SerializeToString()
 
 
 def snappy_block(data: bytes) -> bytes:
@@ -289,7 +270,7 @@ class RemoteWriter:
         if with_metadata:
             names = {k[0] for k in by_series}
             metadata = [spec for n in sorted(names) if (spec := M.lookup(n)) is not None]
-        return encode_write_request(series, metadata)
+        return write_request(series, metadata)
 
     def _http(self, cfg: RemoteWriteConfig) -> httpx.Client:
         key = (cfg.timeout_seconds, str(cfg.tls_ca_file))

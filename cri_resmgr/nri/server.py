@@ -167,17 +167,7 @@ class NriProcess:
         if self.reload_config is None or self.controls is None or self.engine is None:
             log.info("SIGHUP: nothing to reload")
             return
-        try:
-            cfg = self.reload_config()
-        except ConfigError as e:
-            log.error("reload rejected: %s", "; ".join(e.problems))
-            return
-        problems = self.controls.reconfigure(cfg)
-        if problems:
-            log.error("reload rejected: %s", "; ".join(problems))
-            return
-        log.info("configuration reloaded")
-        self.engine.reload_controllers()
+        self.controls.reload_from(self.reload_config, self.engine.reload_controllers)
 
     def serve(self) -> None:
         from ..relay import control

@@ -35,7 +35,7 @@ from ..topology import Topology
 from .explain import Explanation, move_why
 from .planner import Plan, Planner
 from .problem import NodeModel, Problem
-from .signals import MetadataSource, read_inputs
+from .signals import CpusetSource, MetadataSource, read_inputs
 
 log = logging.getLogger(__name__)
 
@@ -129,12 +129,15 @@ class Rebalancer:
 
     def __init__(self, store: Store, topology: Callable[[], Topology], config: Callable[[], RebalancerConfig],
                  applier: Callable[[RebalancerConfig], MoveApplier | None] | None = None,
-                 metadata: MetadataSource | None = None):
+                 metadata: MetadataSource | None = None, cpusets: CpusetSource | None = None):
+        """``cpusets``: the containers' current cpusets (the cgroup collector's :meth:`cpusets`); without
+        it no container is planned for."""
         self.store = store
         self.topology = topology
         self.config = config
         self.applier = applier or (lambda _cfg: None)
         self.metadata = metadata
+        self.cpusets = cpusets
         self.last_moved: dict[str, float] = {}
         self.history: deque[RoundRecord] = deque(maxlen=config().history_size)
         self.moves_total = {r: 0 for r in RESULTS}
@@ -178,7 +181,8 @@ class Rebalancer:
         # Metadata (None: no relay reachable) comes from the relay's cache; when the relay also applies the
         # moves, containers it does not know cannot be moved through it.
         inputs = read_inputs(self.store, cfg, now, self.last_moved, md,
-                             only_known=md is not None and cfg.applier != "cgroup")
+                             only_known=md is not None and cfg.applier != "cgroup",
+                             cpusets=self.cpusets() if self.cpusets is not None else None)
         if not inputs.containers:
             plan = None
             return RoundRecord(time=now, mode=mode, plan=plan, outcomes=[], error="no containers in the store yet")

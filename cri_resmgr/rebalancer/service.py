@@ -56,7 +56,11 @@ class RebalancerService:
         self.agent = agent
         self.link = _RelayLink(agent)
         self.engine = Rebalancer(agent.store, lambda: agent.topology, lambda: agent.cfg.rebalancer,
-                                 applier=self._applier, metadata=_Metadata(self.link))
+                                 applier=self._applier, metadata=_Metadata(self.link), cpusets=self._cpusets)
+
+    def _cpusets(self) -> dict[str, frozenset[int]]:
+        col = self.agent.collectors.get("cgroup")
+        return col.cpusets() if col is not None else {}
 
     def _cgroup_path(self, container_id: str) -> str | None:
         col = self.agent.collectors.get("cgroup")

@@ -5,7 +5,9 @@ Series read (averages or rates over ``rebalancer.window_seconds``):
 ==========================  ==========================================================  ==========
 input                       series                                                      source
 ==========================  ==========================================================  ==========
-containers, cpuset, labels  ``cri_resmgr_container_cpuset_cpus{cpus}`` (newest per id)  cgroup
+containers, labels          ``cri_resmgr_container_cpuset_cpus`` (newest per id)        cgroup
+cpuset                      the cgroup collector's last reading (``cpusets``; not in    cgroup
+                            the store: a label listing CPUs would churn series)
 CPU usage                   rate of ``cri_resmgr_container_cpu_usage_seconds_total``     cgroup
 AVX512 ratio                ``cri_resmgr_container_avx512_ratio``, else the rate ratio   avx512
                             of ``..._avx512_switches_total`` / ``..._context_switches_total``
@@ -28,14 +30,13 @@ container cache) when there is one.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from .. import metrics as M
 from ..config import RebalancerConfig
 from ..store import Matcher, Store, query_range
-from ..sysfs import parse_cpulist
 from .problem import ANNOTATION_LATENCY_CRITICAL, ContainerInput
 
 CPUSET = M.CONTAINER_CPUSET_CPUS.name
@@ -65,6 +66,10 @@ class MetadataSource(Protocol):
         """Container id -> metadata."""
 
 
+CpusetSource = Callable[[], Mapping[str, frozenset[int]]]
+"""Container id -> effective cpuset, e.g. :meth:`CgroupCollector.cpusets`."""
+
+
 @dataclass
 class Inputs:
     containers: list[ContainerInput]
@@ -92,12 +97,15 @@ def _matches(match: Mapping[str, str], labels: Mapping[str, str]) -> bool:
 
 
 def read_inputs(store: Store, cfg: RebalancerConfig, now: float, last_moved: Mapping[str, float] | None = None,
-                metadata: Mapping[str, ContainerMetadata] | None = None, only_known: bool = False) -> Inputs:
-    """``only_known``: the metadata is the relay's cache and the relay applies the moves, so containers it
+                metadata: Mapping[str, ContainerMetadata] | None = None, only_known: bool = False,
+                cpusets: Mapping[str, frozenset[int]] | None = None) -> Inputs:
+    """``cpusets``: container id -> effective cpuset (the cgroup collector's last reading); a container
+    of the store without one is left out (it has gone, or no source was given).
+    ``only_known``: the metadata is the relay's cache and the relay applies the moves, so containers it
     does not know (other runtimes' containers, extra cgroups) still count in the cost but are not moved:
     the relay would refuse them."""
     window = cfg.window_seconds
-    # Newest cpuset series per container: a changed cpuset is a new series (label "cpus").
+    # Newest cpuset series per container (its labels name the container; the CPUs come from ``cpusets``).
     newest: dict[str, tuple[float, dict[str, str]]] = {}
     for ref, t, _v in store.latest(CPUSET, max_age_rows=2):
         lab = ref.label_dict
@@ -133,9 +141,8 @@ def read_inputs(store: Store, cfg: RebalancerConfig, now: float, last_moved: Map
     out = []
     used_overrides = 0
     for cid, (_t, lab) in sorted(newest.items()):
-        try:
-            cpus = parse_cpulist(lab.get("cpus", ""))
-        except ValueError:
+        cpus = (cpusets or {}).get(cid)
+        if cpus is None:
             continue
         md = metadata.get(cid, ContainerMetadata())
         c = ContainerInput(

@@ -18,13 +18,10 @@ configuration they refuse is logged and the running one kept.
 from __future__ import annotations
 
 import asyncio
-import errno
-import fcntl
 import gc
 import logging
 import os
 import signal
-import socket
 import stat
 import sys
 import threading
@@ -39,6 +36,7 @@ import grpc
 from ..config import Config, ConfigError, parse_listen
 from ..placement.api import ContainerView
 from ..placement.engine import Engine, EngineSettings
+from ..runfiles import AlreadyRunning, SocketInUse, acquire_lock, claim_socket
 from ..topology import discover
 from . import control
 from .core import CriFrontEnd
@@ -61,42 +59,11 @@ class StartupError(Exception):
         self.code = code
 
 
-def acquire_lock(path: Path) -> int:
-    """flock(2) on ``path``: the kernel drops it when the holder dies, so a crash never blocks a restart."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+def _claim(path: Path) -> None:
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as e:
-        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
-        os.close(fd)
-        if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-            raise StartupError(f"a relay is already running (pid {holder}); lock {path}") from None
-        raise
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    return fd
-
-
-def claim_socket(path: Path) -> None:
-    """Make ``path`` free for a new listener: remove it only if it is a socket nobody listens on."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if not (path.exists() or path.is_symlink()):
-        return
-    if not path.is_socket():
-        raise StartupError(f"{path} exists and is not a socket; not touching it")
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.settimeout(1.0)
-    try:
-        s.connect(str(path))
-    except (ConnectionRefusedError, FileNotFoundError):
-        log.info("removing stale socket %s (nothing listens on it)", path)
-        path.unlink(missing_ok=True)
-        return
-    except OSError as e:
-        raise StartupError(f"cannot tell whether {path} is in use: {e}") from None
-    finally:
-        s.close()
-    raise StartupError(f"something is listening on {path} already (another relay?)")
+        claim_socket(path)
+    except SocketInUse as e:
+        raise StartupError(f"{e} (another relay?)") from None
 
 
 def follow_runtime_socket(path: Path, runtime: Path) -> None:
@@ -168,7 +135,10 @@ class RelayProcess:
                 d.mkdir(parents=True, exist_ok=True, mode=mode)
             except OSError as e:
                 raise StartupError(f"cannot create {d}: {e.strerror}") from None
-        self.lock_fd = acquire_lock(self.run_dir / LOCK_NAME)
+        try:
+            self.lock_fd = acquire_lock(self.run_dir / LOCK_NAME, "a relay")
+        except AlreadyRunning as e:
+            raise StartupError(str(e)) from None
         topo = discover(self.cfg.paths.sysfs)
         if not topo.cpus:
             raise StartupError(f"no CPUs found under {self.cfg.paths.sysfs}/devices/system/cpu")
@@ -198,10 +168,10 @@ class RelayProcess:
         if summary is not None:
             pods, ctrs = self.engine.counts()
             log.info("resync: %s; %d pods, %d containers cached", summary, pods, ctrs)
-        claim_socket(Path(self.rc.socket))
+        _claim(Path(self.rc.socket))
         if self.rc.image_socket and self.rc.image_relay_socket:
-            claim_socket(Path(self.rc.image_relay_socket))
-        claim_socket(self.control_path)
+            _claim(Path(self.rc.image_relay_socket))
+        _claim(self.control_path)
 
     def _add_controls(self) -> None:
         """The resource controllers (RDT, block I/O, RT: docs/resource-control.md) as an engine controller."""
@@ -228,17 +198,7 @@ class RelayProcess:
         if self.reload_config is None or self.controls is None or self.engine is None:
             log.info("SIGHUP: nothing to reload")
             return
-        try:
-            cfg = self.reload_config()
-        except ConfigError as e:
-            log.error("reload rejected: %s", "; ".join(e.problems))
-            return
-        problems = self.controls.reconfigure(cfg)
-        if problems:
-            log.error("reload rejected: %s", "; ".join(problems))
-            return
-        log.info("configuration reloaded")
-        self.engine.reload_controllers()
+        self.controls.reload_from(self.reload_config, self.engine.reload_controllers)
 
     async def serve(self, ready: threading.Event | None = None) -> None:
         loop = asyncio.get_running_loop()

@@ -239,68 +239,6 @@ def _bucket_bounds(ts: np.ndarray, times: np.ndarray, step: float) -> tuple[np.n
     return lo, hi
 
 
-def aggregate(ts: np.ndarray, vs: np.ndarray, times: np.ndarray, step: float, agg: str) -> np.ndarray:
-    """Aggregate samples into the buckets ending at ``times``; empty buckets are NaN."""
-    if agg not in AGGS:
-        raise QueryError(f"agg must be one of {', '.join(AGGS)}, got {agg!r}")
-    out = np.full(len(times), np.nan)
-    if len(ts) == 0:
-        return out
-    lo, hi = _bucket_bounds(ts, times, step)
-    nonempty = hi > lo
-    if not nonempty.any():
-        return out
-    if agg == "last":
-        out[nonempty] = vs[hi[nonempty] - 1]
-        return out
-    if agg in ("sum", "avg"):
-        csum = np.concatenate(([0.0], np.cumsum(vs)))
-        sums = csum[hi] - csum[lo]
-        if agg == "sum":
-            out[nonempty] = sums[nonempty]
-        else:
-            out[nonempty] = sums[nonempty] / (hi - lo)[nonempty]
-        return out
-    # min/max: buckets tile time, so consecutive non-empty buckets are contiguous in the sample array
-    # (idx_hi[i] == idx_lo[i+1]) and reduceat over their starts reduces exactly each bucket, except the
-    # last one, which reduceat extends to the end of the array.
-    ufunc = np.maximum if agg == "max" else np.minimum
-    idx_lo, idx_hi = lo[nonempty], hi[nonempty]
-    res = ufunc.reduceat(vs, idx_lo)
-    if idx_hi[-1] < len(vs):
-        res[-1] = ufunc.reduce(vs[idx_lo[-1]:idx_hi[-1]])
-    out[nonempty] = res
-    return out
-
-
-def counter_increases(ts: np.ndarray, vs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per-interval increases of a counter, handling resets: a drop means the counter restarted from
-    zero (process restart, container re-created), so the increase is the new value itself — the same
-    rule as Prometheus' rate(). Returns (end times, increases, interval lengths)."""
-    if len(vs) < 2:
-        return ts[:0], vs[:0], ts[:0]
-    d = np.diff(vs)
-    reset = d < 0
-    d[reset] = vs[1:][reset]
-    return ts[1:], d, np.diff(ts)
-
-
-def rate(ts: np.ndarray, vs: np.ndarray, times: np.ndarray, step: float) -> np.ndarray:
-    """Per-second rate in each bucket: the increases whose intervals end in the bucket, divided by the
-    length of those intervals (so irregular sampling gives the true average rate)."""
-    out = np.full(len(times), np.nan)
-    te, inc, dt = counter_increases(ts, vs)
-    if len(te) == 0:
-        return out
-    lo, hi = _bucket_bounds(te, times, step)
-    ci = np.concatenate(([0.0], np.cumsum(inc)))
-    cd = np.concatenate(([0.0], np.cumsum(dt)))
-    span = cd[hi] - cd[lo]
-    ok = (hi > lo) & (span > 0)
-    out[ok] = (ci[hi] - ci[lo])[ok] / span[ok]
-    return out
-
-
 @dataclass
 class SeriesResult:
     labels: dict[str, str]
@@ -308,7 +246,7 @@ class SeriesResult:
 
 
 def aggregate_matrix(ts: np.ndarray, V: np.ndarray, times: np.ndarray, step: float, agg: str) -> np.ndarray:
-    """:func:`aggregate` for many series sharing a time axis at once (columns of ``V``, NaN = no sample).
+    """Aggregation for many series sharing a time axis at once (columns of ``V``, NaN = no sample).
     Returns an array of shape (len(times), columns)."""
     if agg not in AGGS:
         raise QueryError(f"agg must be one of {', '.join(AGGS)}, got {agg!r}")
@@ -361,7 +299,9 @@ def aggregate_matrix(ts: np.ndarray, V: np.ndarray, times: np.ndarray, step: flo
 
 
 def rate_matrix(ts: np.ndarray, V: np.ndarray, times: np.ndarray, step: float) -> np.ndarray:
-    """:func:`rate` for the columns of ``V`` at once. Intervals with a missing sample at either end are
+    """Per-second rate in each bucket for the columns of ``V`` at once: the increases whose intervals end in the
+    bucket over the length of those intervals; a drop is a counter reset (the increase is the new value, as in
+    Prometheus' rate()). Intervals with a missing sample at either end are
     left out of both the increase and the time covered, so gaps do not bias the rate."""
     out = np.full((len(times), V.shape[1]), np.nan)
     if len(ts) < 2 or V.shape[1] == 0:
@@ -476,6 +416,3 @@ def heatmap(
     matrix[gid[starts]] = np.where(cnt > 0, res, np.nan)
     return rows, times, matrix
 
-
-def select(store: Store, metric: str, matchers: list[Matcher]) -> list[SeriesRef]:
-    return store.select(metric, matchers)

@@ -550,6 +550,78 @@ class Table:
         lo, hi = self.seq_range_of_time(start, end)
         return self.rows(lo, hi, cols)
 
+    # -- checkpoint form (store/checkpoint.py) ------------------------------------------------------------
+    STATE = ("last_seq", "last_val", "last_t", "since")  # per-column state a checkpoint keeps
+
+    def saved_state(self) -> tuple[list[Block], np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+        """What a checkpoint saves, as it is in memory (copies of the uncompressed parts; blocks are immutable):
+        the sealed blocks, the hot rows' times and values, and the per-column :attr:`STATE` arrays."""
+        ncols = len(self.keys)
+        state = {name: getattr(self, name)[:ncols].copy() for name in self.STATE}
+        return list(self.blocks), self.hot_ts[: self.hot_n].copy(), self.hot_vals[: self.hot_n, :ncols].copy(), state
+
+    def restore_rows(self, keys: list[tuple[str, Labels] | None], seq: int, blocks: list[Block],
+                     hot_ts: np.ndarray, hot_vals: np.ndarray, state: Mapping[str, np.ndarray]) -> None:
+        """Fill an empty table with a checkpoint's rows (the inverse of :meth:`saved_state`; the hot rows are
+        sealed into a block, whatever block size this table now has). Raises ValueError on parts that do not fit
+        together: shapes, blocks that do not tile the rows, times out of order."""
+        ncols = len(keys)
+        if self.seq or self.keys:
+            raise ValueError(f"table {self.name!r}: restore into a table that holds rows")
+        if hot_ts.ndim != 1 or hot_vals.shape != (len(hot_ts), ncols):
+            raise ValueError(f"table {self.name!r}: hot rows of shape {hot_vals.shape}, {ncols} keys")
+        for name in self.STATE:
+            if state[name].shape != (ncols,):
+                raise ValueError(f"table {self.name!r}: {name} has shape {state[name].shape}, {ncols} keys")
+        expect = seq - len(hot_ts)
+        for b in reversed(blocks):  # blocks must tile the rows up to the hot ones, in time order
+            if b.seq0 + b.n != expect or b.ncols > ncols:
+                raise ValueError(f"table {self.name!r}: blocks do not line up (block at seq {b.seq0})")
+            expect = b.seq0
+        times = [b.t_last for b in blocks] + ([float(hot_ts[0])] if len(hot_ts) else [])
+        if any(b < a for a, b in zip(times, times[1:], strict=False)) \
+                or (len(hot_ts) > 1 and np.any(np.diff(hot_ts) < 0)):
+            raise ValueError(f"table {self.name!r}: timestamps out of order")
+        while self.hot_vals.shape[1] < ncols:
+            self._grow()
+        self.keys = list(keys)
+        self.col_of = {k: c for c, k in enumerate(self.keys) if k is not None}
+        self.free = [c for c, k in enumerate(self.keys) if k is None]
+        self.seq = seq
+        self.first_seq = blocks[0].seq0 if blocks else seq - len(hot_ts)  # the rows before were not saved
+        self.blocks.extend(blocks)
+        if len(hot_ts):
+            self.blocks.append(Block(seq - len(hot_ts), hot_ts, hot_vals))
+        for name in self.STATE:
+            getattr(self, name)[:ncols] = state[name]
+        self.drop_expired()  # the retention may be shorter now than when the checkpoint was saved
+
+    def free_column(self, col: int) -> None:
+        """Give up column ``col`` (a restored series the store refused at max_series)."""
+        key = self.keys[col]
+        if key is not None:
+            del self.col_of[key]
+            self.keys[col] = None
+            self.free.append(col)
+            self.fast_col.clear()
+
+    def truncated(self, limit: float) -> tuple[Table, int, float] | None:
+        """This table rebuilt from its rows with t ≤ ``limit`` (times are in order, so they are a prefix), with
+        the rows dropped and how far past ``limit`` the newest was; None when no row is after ``limit``."""
+        last = self.last_time()
+        if last is None or last <= limit:
+            return None
+        ncols = len(self.keys)
+        lo = max(self.floor, self.blocks[0].seq0 if self.blocks else self.floor)
+        ts, V = self.rows(lo, self.seq, np.arange(ncols))
+        keep = int(np.searchsorted(ts, limit, side="right"))
+        new = Table(self.name, self.capacity, columns=max(16, ncols))
+        new.keys, new.col_of, new.free = self.keys, self.col_of, self.free
+        for r in range(keep):  # renumbered from 0: only what was written, so last_* come out right
+            cols = np.flatnonzero(~np.isnan(V[r]))
+            new.write_row(float(ts[r]), cols, V[r, cols])
+        return new, len(ts) - keep, last - limit
+
     def nbytes(self) -> int:
         """Bytes the table's rows take (hot block, sealed blocks and per-column state)."""
         per_col = self.last_seq.nbytes + self.last_val.nbytes + self.last_t.nbytes + self.since.nbytes
@@ -727,6 +799,35 @@ class Store:
                 return False
             self._index_series(key[0], key[1], tab.name, col)
             return True
+
+    def restore_table(self, name: str, capacity: int, keys: list[tuple[str, Labels] | None], seq: int,
+                      blocks: list[Block], hot_ts: np.ndarray, hot_vals: np.ndarray,
+                      state: Mapping[str, np.ndarray]) -> int:
+        """Replace table ``name`` by a checkpoint's (:meth:`Table.restore_rows`) and index its series; those past
+        max_series are not indexed and their columns freed. Returns the series indexed."""
+        with self._lock:
+            tab = self.replace_table(name, capacity, columns=max(16, len(keys)))
+            tab.restore_rows(keys, seq, blocks, hot_ts, hot_vals, state)
+            n = 0
+            for col, key in enumerate(keys):
+                if key is not None and not self.adopt_series(tab, key, col):
+                    tab.free_column(col)
+                elif key is not None:
+                    n += 1
+            return n
+
+    def drop_after(self, limit: float) -> tuple[int, float]:
+        """Drop every row with a time after ``limit`` (the wall clock was set back since they were written:
+        appending after them would be refused as out of order). Returns (rows dropped, how far past ``limit``
+        the newest was)."""
+        dropped, ahead = 0, 0.0
+        with self._lock:
+            for name, tab in list(self.tables.items()):
+                cut = tab.truncated(limit)
+                if cut is not None:
+                    self.tables[name], n, past = cut
+                    dropped, ahead = dropped + n, max(ahead, past)
+        return dropped, ahead
 
     def clear(self) -> None:
         """Forget every table and series (undoes a partial checkpoint load)."""

@@ -53,11 +53,11 @@ def test_busy_container_cpu_rises_in_metrics_query_range_and_heatmap(tmp_path, b
                        start=now - 3, end=now, step=1, fn="rate")
         (series,) = qr["series"]
         rates = [v for v in series["values"] if v is not None]
-        assert rates and max(rates) > 0.5, series
+        assert rates and max(rates) > 0.25, series  # ~1.0 alone; a loaded 2-CPU machine halves it
 
         hm = agent.get("/api/v1/heatmap", metric=USAGE, by="container", start=now - 3, end=now, step=1)
         row = hm["rows"].index(cid[:12])
-        assert max(v for v in hm["values"][row] if v is not None) > 0.5, hm
+        assert max(v for v in hm["values"][row] if v is not None) > 0.25, hm
         hm_cpu = agent.get("/api/v1/heatmap", metric="cri_resmgr_cpu_busy_seconds_total", by="cpu",
                            start=now - 3, end=now, step=1)
         assert hm_cpu["rows"] == [str(i) for i in range(len(hm_cpu["rows"]))] and hm_cpu["unit"] == "ratio"

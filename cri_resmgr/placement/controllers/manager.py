@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -89,6 +89,23 @@ class ControlManager:
         if problems:
             raise ConfigError(problems, source="controls")
         return cls(ctrls, plans)
+
+    def reload_from(self, load_config: Callable[[], Config], reenforce: Callable[[], None]) -> bool:
+        """SIGHUP in a front end: re-read the configuration; when the controllers accept it, ``reenforce``
+        (the engine's ``reload_controllers``) applies it to running containers. A rejected reload is logged
+        with its problems and changes nothing. Returns whether it was accepted."""
+        try:
+            cfg = load_config()
+        except ConfigError as e:
+            log.error("reload rejected: %s", "; ".join(e.problems))
+            return False
+        problems = self.reconfigure(cfg)
+        if problems:
+            log.error("reload rejected: %s", "; ".join(problems))
+            return False
+        log.info("configuration reloaded")
+        reenforce()
+        return True
 
     def reconfigure(self, cfg: Config) -> list[str]:
         """A reloaded config: [] when accepted (then call the engine's reload), else the problems; on
