@@ -17,6 +17,14 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 
+class StartupError(Exception):
+    """A front end (relay, NRI plugin) cannot start; the message says why. ``code`` is the exit status."""
+
+    def __init__(self, message: str, code: int = 1):
+        super().__init__(message)
+        self.code = code
+
+
 class AlreadyRunning(Exception):
     """Another process holds the lock (the message names its pid)."""
 
@@ -63,3 +71,17 @@ def claim_socket(path: Path, timeout: float = 1.0) -> None:
     finally:
         s.close()
     raise SocketInUse(f"something is listening on {path} already")
+
+
+def claim_run_dirs(run_dir: Path, state_dir: Path, lock_name: str, what: str) -> int:
+    """A front end's start: its run directory (0750) and state directory (0700) exist, and this process holds
+    ``run_dir/lock_name`` (returns the descriptor). Raises :class:`StartupError` saying what stands in the way."""
+    for d, mode in ((run_dir, 0o750), (state_dir, 0o700)):
+        try:
+            d.mkdir(parents=True, exist_ok=True, mode=mode)
+        except OSError as e:
+            raise StartupError(f"cannot create {d}: {e.strerror}") from None
+    try:
+        return acquire_lock(run_dir / lock_name, what)
+    except AlreadyRunning as e:
+        raise StartupError(str(e)) from None

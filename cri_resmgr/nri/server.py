@@ -27,8 +27,9 @@ from typing import Any
 
 from ..config import Config, ConfigError
 from ..placement.api import ContainerView, InvariantView, MoveRecord, RelayState
+from ..placement.controllers.manager import ControlManager
 from ..placement.engine import Engine, EngineSettings
-from ..runfiles import AlreadyRunning, SocketInUse, acquire_lock, claim_socket
+from ..runfiles import SocketInUse, StartupError, claim_run_dirs, claim_socket
 from ..topology import discover
 from .connection import Connection
 from .plugin import NriPort, Plugin, RuntimeView
@@ -41,12 +42,6 @@ LOCK_NAME = "cri-resmgr-nri.lock"
 CONTROL_NAME = "relay-control.sock"  # the front end's control socket: the rebalancer and the agent look here
 CACHE_NAME = "nri-cache.json"
 FIRST_BACKOFF_SECONDS = 0.1
-
-
-class StartupError(Exception):
-    def __init__(self, message: str, code: int = 1):
-        super().__init__(message)
-        self.code = code
 
 
 class NriControl:
@@ -85,7 +80,7 @@ class NriProcess:
     def __init__(self, cfg: Config, reload_config: Callable[[], Config] | None = None):
         self.cfg = cfg
         self.reload_config = reload_config
-        self.controls: Any = None  # placement.controllers.manager.ControlManager, when that part is installed
+        self.controls: ControlManager | None = None
         self.nc = cfg.nri
         self.run_dir = Path(cfg.run_dir)
         self.state_dir = Path(cfg.state_dir)
@@ -120,15 +115,7 @@ class NriProcess:
         return text
 
     def prepare(self) -> None:
-        for d, mode in ((self.run_dir, 0o750), (self.state_dir, 0o700)):
-            try:
-                d.mkdir(parents=True, exist_ok=True, mode=mode)
-            except OSError as e:
-                raise StartupError(f"cannot create {d}: {e.strerror}") from None
-        try:
-            self.lock_fd = acquire_lock(self.run_dir / LOCK_NAME, "an NRI plugin")
-        except AlreadyRunning as e:
-            raise StartupError(str(e)) from None
+        self.lock_fd = claim_run_dirs(self.run_dir, self.state_dir, LOCK_NAME, "an NRI plugin")
         topo = discover(self.cfg.paths.sysfs)
         if not topo.cpus:
             raise StartupError(f"no CPUs found under {self.cfg.paths.sysfs}/devices/system/cpu")
@@ -147,10 +134,6 @@ class NriProcess:
     def _add_controls(self) -> None:
         """The resource controllers (RDT, block I/O, RT: docs/resource-control.md), as with the relay."""
         try:
-            from ..placement.controllers.manager import ControlManager
-        except ImportError:  # a separate part; placement works without it
-            return
-        try:
             self.controls = ControlManager.from_config(self.cfg)
         except ConfigError as e:
             raise StartupError(e.render(), code=2) from None
@@ -159,8 +142,7 @@ class NriProcess:
 
     def _decorate(self, v: ContainerView) -> None:
         if self.controls is not None:
-            v.controls = self.controls.container_classes(v.id)
-            v.control_errors = self.controls.container_errors(v.id)
+            self.controls.decorate(v)
 
     def reload(self) -> None:
         """SIGHUP: re-read the configuration; the resource controllers re-enforce with the new one."""

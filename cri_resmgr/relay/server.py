@@ -29,14 +29,13 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
 
 import grpc
 
 from ..config import Config, ConfigError, parse_listen
-from ..placement.api import ContainerView
+from ..placement.controllers.manager import ControlManager
 from ..placement.engine import Engine, EngineSettings
-from ..runfiles import AlreadyRunning, SocketInUse, acquire_lock, claim_socket
+from ..runfiles import SocketInUse, StartupError, claim_run_dirs, claim_socket
 from ..topology import discover
 from . import control
 from .core import CriFrontEnd
@@ -49,14 +48,6 @@ log = logging.getLogger("cri_resmgr.relay")
 
 LOCK_NAME = "cri-resmgr-relay.lock"
 CONTROL_NAME = "relay-control.sock"
-
-
-class StartupError(Exception):
-    """The relay cannot start; the message says why. ``code`` is the exit status."""
-
-    def __init__(self, message: str, code: int = 1):
-        super().__init__(message)
-        self.code = code
 
 
 def _claim(path: Path) -> None:
@@ -113,7 +104,7 @@ class RelayProcess:
         self.executor = ThreadPoolExecutor(max_workers=8, thread_name_prefix="relay-worker")
         self.engine: Engine | None = None
         self.relay: CriFrontEnd | None = None
-        self.controls: Any = None
+        self.controls: ControlManager | None = None
         self.dumper: Dumper | None = None
         self.sockets: list[Path] = []
         self.control_server: grpc.Server | None = None
@@ -130,15 +121,7 @@ class RelayProcess:
     def prepare(self) -> None:
         # hpack logs every header it decodes at DEBUG: never wanted, and costly on the forwarding path.
         logging.getLogger("hpack").setLevel(logging.WARNING)
-        for d, mode in ((self.run_dir, 0o750), (self.state_dir, 0o700)):
-            try:
-                d.mkdir(parents=True, exist_ok=True, mode=mode)
-            except OSError as e:
-                raise StartupError(f"cannot create {d}: {e.strerror}") from None
-        try:
-            self.lock_fd = acquire_lock(self.run_dir / LOCK_NAME, "a relay")
-        except AlreadyRunning as e:
-            raise StartupError(str(e)) from None
+        self.lock_fd = claim_run_dirs(self.run_dir, self.state_dir, LOCK_NAME, "a relay")
         topo = discover(self.cfg.paths.sysfs)
         if not topo.cpus:
             raise StartupError(f"no CPUs found under {self.cfg.paths.sysfs}/devices/system/cpu")
@@ -176,22 +159,12 @@ class RelayProcess:
     def _add_controls(self) -> None:
         """The resource controllers (RDT, block I/O, RT: docs/resource-control.md) as an engine controller."""
         try:
-            from ..placement.controllers.manager import ControlManager
-        except ImportError:  # the controllers are a separate part; the relay works without them
-            return
-        try:
             self.controls = ControlManager.from_config(self.cfg)
         except ConfigError as e:
             raise StartupError(e.render(), code=2) from None
         assert self.engine is not None and self.relay is not None
         self.engine.add_controller(self.controls)
-        controls = self.controls
-
-        def decorate(v: ContainerView) -> None:
-            v.controls = controls.container_classes(v.id)
-            v.control_errors = controls.container_errors(v.id)
-
-        self.relay.decorate = decorate
+        self.relay.decorate = self.controls.decorate
 
     def reload(self) -> None:
         """SIGHUP: re-read the configuration; the resource controllers re-enforce with the new one."""

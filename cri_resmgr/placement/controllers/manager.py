@@ -24,6 +24,7 @@ from pydantic import BaseModel
 from ... import metrics as M
 from ...config import Config, ConfigError
 from ...export.exposition import format_family
+from ..api import ContainerView
 from ..context import ContainerContext
 from .base import Applied, ControlError, ControlType, NoCgroupYet, Plan
 from .blockio import BlockioController
@@ -214,6 +215,11 @@ class ControlManager:
     def container_errors(self, container_id: str) -> dict[str, str]:
         with self.lock:
             return {n: a.error for n, a in self.applied.get(container_id, {}).items() if a.error}
+
+    def decorate(self, view: ContainerView) -> None:
+        """A front end's container view with this container's classes and errors (``/api/v1/containers``)."""
+        view.controls = self.container_classes(view.id)
+        view.control_errors = self.container_errors(view.id)
 
     def metrics_text(self) -> str:
         """Prometheus text exposition of the per-container classes, containers per class and errors."""
