@@ -5,8 +5,13 @@ Starts two private containerd 1.7 daemons (Debian 13's package, fetched once int
 tests/integration/nri/containerd17.py), both with NRI enabled; ``cri-resmgr nri`` (its own process) registers
 with the first only. Then whole pod lifecycles (RunPodSandbox, CreateContainer, StartContainer, StopContainer,
 RemoveContainer, StopPodSandbox, RemovePodSandbox), alternating BestEffort and Guaranteed 1-CPU pods (the
-exclusive path, with its shared-pool updates), are driven against both daemons in turn: median and p90 wall
-time of each, and their ratio. The hook latency is the time from the request's arrival to the plugin's answer,
+exclusive path, with its shared-pool updates; ``--pods besteffort``: BestEffort only, where no pool update is
+ever needed), are driven against the daemons in turn: median and p90 wall time of each, and their ratios.
+
+A third daemon has a do-nothing NRI plugin (bench/nri_null_plugin.py: same events, empty answers at once), so the
+overhead splits honestly into containerd's own per-event NRI cost (null / without: building the messages, the
+round trips; no placement plugin can avoid it) and cri-resmgr's (with / null: its hooks, the updates its answers
+make containerd apply, its CPU). The hook latency is the time from the request's arrival to the plugin's answer,
 as the plugin measures it (logged at debug level per request).
 
 Needs root, runc, busybox-static and access to the Debian archive (or a filled cache).
@@ -21,6 +26,7 @@ import os
 import re
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -38,8 +44,8 @@ def pct(xs: list[float], q: float) -> float:
     return s[min(len(s) - 1, int(round(q * (len(s) - 1))))]
 
 
-def lifecycle(k: Kubelet, i: int) -> float:
-    exclusive = i % 2 == 1
+def lifecycle(k: Kubelet, i: int, pods: str = "mixed") -> float:
+    exclusive = pods == "mixed" and i % 2 == 1
     t0 = time.perf_counter()
     pod = k.run_pod(PodSpec(f"bench-{i}", qos="Guaranteed" if exclusive else "BestEffort"))
     cfg = guaranteed("app", 1000) if exclusive else container_config("app")
@@ -69,11 +75,15 @@ def main() -> int:
     ap.add_argument("--state-dir", type=Path, default=None,
                     help="the plugin's state_dir (default: on disk under the bench's temporary directory); "
                          "e.g. a tmpfs directory to see the cost of the engine's cache fsyncs")
+    ap.add_argument("--pods", choices=("mixed", "besteffort"), default="mixed",
+                    help="mixed: BestEffort and Guaranteed 1-CPU alternating; besteffort: no exclusive CPUs, "
+                         "so no pool updates")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="crirm-nri-bench-"))
     try:
         with_plugin = start_containerd17(tmp / "with")
         plain = start_containerd17(tmp / "plain")
+        null = start_containerd17(tmp / "null")
     except FetchError as e:
         print(f"skipped: containerd 1.7 not available: {e}")
         return 0
@@ -84,32 +94,44 @@ def main() -> int:
     plugin = NriPluginProcess(tmp / "nri", with_plugin.nri_socket, cfg)
     kw = Kubelet(CriClient(with_plugin.socket), with_plugin.cgroup_parent, tmp / "logs-with")
     kp = Kubelet(CriClient(plain.socket), plain.cgroup_parent, tmp / "logs-plain")
+    kn = Kubelet(CriClient(null.socket), null.cgroup_parent, tmp / "logs-null")
+    null_log = open(tmp / "null-plugin.log", "wb")  # noqa: SIM115 - closed in finally
+    null_plugin = subprocess.Popen([sys.executable, str(Path(__file__).with_name("nri_null_plugin.py")),
+                                    str(null.nri_socket)], stdout=subprocess.PIPE, stderr=null_log)
+    daemons = (("with plugin", kw), ("without plugin", kp), ("null plugin", kn))
     try:
         plugin.start()
+        assert null_plugin.stdout is not None
+        if null_plugin.stdout.readline().strip() != b"registered":
+            raise RuntimeError(f"null plugin failed: {(tmp / 'null-plugin.log').read_text()}")
         for i in range(4):  # warm-up: images, shims, caches
-            lifecycle(kw, i)
-            lifecycle(kp, i)
-        lat: dict[str, list[float]] = {"without plugin": [], "with plugin": []}
-        cpu0 = cpu_seconds(plugin.proc.pid)
+            for _name, k in daemons:
+                lifecycle(k, i, args.pods)
+        lat: dict[str, list[float]] = {name: [] for name, _k in daemons}
+        cpu0, null_cpu0 = cpu_seconds(plugin.proc.pid), cpu_seconds(null_plugin.pid)
         for i in range(args.lifecycles):
-            # alternate which daemon goes first so that neither always runs right after the other
-            order = (("with plugin", kw), ("without plugin", kp)) if i % 2 else (("without plugin", kp),
-                                                                                ("with plugin", kw))
-            for name, k in order:
-                lat[name].append(lifecycle(k, i))
-        print(f"pod lifecycles x{args.lifecycles} per daemon (BestEffort and Guaranteed 1-CPU alternating), "
+            # rotate which daemon goes first so that none always runs right after another
+            for name, k in daemons[i % 3:] + daemons[:i % 3]:
+                lat[name].append(lifecycle(k, i, args.pods))
+        what = "BestEffort and Guaranteed 1-CPU alternating" if args.pods == "mixed" else "BestEffort only"
+        print(f"pod lifecycles x{args.lifecycles} per daemon ({what}), "
               f"{plugin.client().state().runtime or 'containerd 1.7'}; plugin state_dir "
               f"{plugin.config['state_dir']}")
         print(f"{'':>16} {'median ms':>10} {'p90 ms':>8}")
         for name, xs in lat.items():
             print(f"{name:>16} {statistics.median(xs) * 1e3:10.1f} {pct(xs, 0.9) * 1e3:8.1f}")
-        ratio = statistics.median(lat["with plugin"]) / statistics.median(lat["without plugin"])
-        paired = statistics.median(w / wo for w, wo in zip(lat["with plugin"], lat["without plugin"], strict=True))
-        print(f"ratio of medians (with / without): {ratio:.3f}; median of paired ratios: {paired:.3f} "
-              f"(target <= 1.02)")
+        for a, b, what in (("with plugin", "without plugin", "target <= 1.02"),
+                           ("null plugin", "without plugin", "containerd's own NRI cost: no plugin avoids it"),
+                           ("with plugin", "null plugin", "cri-resmgr's own cost")):
+            ratio = statistics.median(lat[a]) / statistics.median(lat[b])
+            paired = statistics.median(x / y for x, y in zip(lat[a], lat[b], strict=True))
+            diff = statistics.median(x - y for x, y in zip(lat[a], lat[b], strict=True))
+            print(f"{a} / {b}: ratio of medians {ratio:.3f}; median of paired ratios {paired:.3f}; "
+                  f"median paired difference {diff * 1e3:+.1f} ms ({what})")
         cpu = cpu_seconds(plugin.proc.pid) - cpu0
+        null_cpu = cpu_seconds(null_plugin.pid) - null_cpu0
         print(f"plugin process CPU time: {cpu * 1e3 / args.lifecycles:.1f} ms per lifecycle (all its threads: "
-              f"hooks, cache persistence, reconcile)")
+              f"hooks, cache persistence, reconcile); the null plugin's: {null_cpu * 1e3 / args.lifecycles:.1f} ms")
         hooks = hook_latencies(plugin.log())
         print(f"\nhook answer latency inside the plugin (request decoded -> answer ready), over "
               f"{sum(len(v) for v in hooks.values())} requests")
@@ -122,10 +144,17 @@ def main() -> int:
             print(f"CreateContainer p99 {pct(create, 0.99) * 1e3:.3f} ms (target <= 2 ms; containerd's timeout 2 s)")
     finally:
         plugin.stop()
-        for k in (kw, kp):
+        null_plugin.terminate()
+        try:
+            null_plugin.wait(10)
+        except subprocess.TimeoutExpired:
+            null_plugin.kill()
+            null_plugin.wait()
+        null_log.close()
+        for _name, k in daemons:
             k.cleanup()
             k.c.close()
-        for c in (with_plugin, plain):
+        for c in (with_plugin, plain, null):
             problems = c.cleanup()
             if problems:
                 print("cleanup problems:", problems, file=sys.stderr)

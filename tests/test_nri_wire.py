@@ -250,6 +250,36 @@ def test_caller_timeout_shortens_the_budget():
         p.close()
 
 
+def test_watchdog_wakes_for_an_earlier_deadline_and_skips_answered_calls():
+    """The watchdog is woken only by a call whose deadline is the earliest, and drops answered calls without
+    expiring them: a short-deadline call behind a long answered one, and a long one behind a short answered one,
+    both still fail open on time, and no answered call is reported as timed out."""
+    gate = threading.Event()
+
+    def fast(raw: bytes, call: Call) -> bytes:
+        return b"fast"
+
+    def slow(raw: bytes, call: Call) -> bytes:
+        gate.wait(10)
+        return b"late"
+
+    p = _Pair({"svc/Fast": Method(fast, fail_open=b""), "svc/Slow": Method(slow, fail_open=b"")}, budget=30.0)
+    try:
+        assert p.runtime_client.call("svc", "Fast", b"", 20.0) == b"fast"  # deadline in 15 s, answered
+        t0 = time.monotonic()
+        assert p.runtime_client.call("svc", "Slow", b"", 0.4) == b""  # deadline in 0.3 s: now the earliest
+        assert time.monotonic() - t0 < 1.0
+        assert p.runtime_client.call("svc", "Fast", b"", 0.4) == b"fast"  # deadline in 0.3 s, answered
+        t0 = time.monotonic()
+        assert p.runtime_client.call("svc", "Slow", b"", 2.0) == b""  # deadline in 1.5 s, behind it
+        assert 1.4 < time.monotonic() - t0 < 2.0
+        assert p.observed.count(("Slow", "timeout")) == 2
+        assert ("Fast", "timeout") not in p.observed
+    finally:
+        gate.set()
+        p.close()
+
+
 def test_pending_calls_fail_unavailable_when_the_peer_goes_away():
     gate = threading.Event()
 

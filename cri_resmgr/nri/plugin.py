@@ -301,8 +301,7 @@ class Plugin:
     def state_change(self, raw: bytes, call: Call) -> bytes:
         """NRI 0.6 (containerd 1.7) relays the events without an answer of their own through StateChange."""
         ev = api.StateChangeEvent.FromString(raw)
-        name = api.Event.Name(ev.event) if ev.event in api.Event.values() else "UNKNOWN"
-        call.event = "".join(w.capitalize() for w in name.split("_"))  # RUN_POD_SANDBOX -> RunPodSandbox
+        call.event = _EVENT_NAMES.get(ev.event, "Unknown")
         handler = self._events.get(ev.event)
         if handler is not None and call.commit():
             handler(ev.pod, ev.container)
@@ -369,6 +368,8 @@ _PodEvent = (api.RunPodSandboxRequest | api.StopPodSandboxRequest | api.RemovePo
              | api.StartContainerRequest | api.RemoveContainerRequest)
 _CONTAINER_EVENTS = (api.StartContainerRequest, api.RemoveContainerRequest)
 _HOLDING = (str(State.CREATED), str(State.RUNNING))
+# RUN_POD_SANDBOX -> RunPodSandbox (metrics' event label), computed once rather than per StateChange
+_EVENT_NAMES = {v: "".join(w.capitalize() for w in n.split("_")) for n, v in api.Event.items()}
 
 
 def _last_per_container(updates: list[api.ContainerUpdate]) -> list[api.ContainerUpdate]:

@@ -215,6 +215,10 @@ class Call:
     def commit(self) -> bool:
         return self._claim("handler")
 
+    @property
+    def committed(self) -> bool:
+        return self._owner == "handler"  # once set, never changes
+
     def expire(self) -> bool:
         """The deadline passed: True when the fail-open answer is to be sent (the handler had not committed)."""
         return self._claim("timeout")
@@ -234,7 +238,10 @@ class Method:
 
 class _Watchdog:
     """One thread for all calls of a server: at a call's deadline, unless its handler has committed, the
-    fail-open answer goes out (``on_expire``). Handlers run on the executor, never on this thread."""
+    fail-open answer goes out (``on_expire``). Handlers run on the executor, never on this thread.
+
+    Kept off the hook path: a new call wakes the thread only when its deadline is the earliest (calls share one
+    budget, so almost never), and each wake-up drops every committed call at the head of the queue at once."""
 
     def __init__(self, on_expire: Callable[[Call, int, float], None]):
         self.on_expire = on_expire
@@ -250,8 +257,10 @@ class _Watchdog:
                 self._thread = threading.Thread(target=self._run, name="ttrpc-watchdog", daemon=True)
                 self._thread.start()
             self._seq += 1
-            heapq.heappush(self._heap, (call.deadline, self._seq, sid, call, t0))
-            self._cond.notify()
+            entry = (call.deadline, self._seq, sid, call, t0)
+            heapq.heappush(self._heap, entry)
+            if self._heap[0] is entry:  # the thread sleeps until a later deadline (or forever): wake it
+                self._cond.notify()
 
     def close(self) -> None:
         with self._cond:
@@ -261,7 +270,11 @@ class _Watchdog:
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._closed and (not self._heap or self._heap[0][0] > time.monotonic()):
+                while True:
+                    while self._heap and self._heap[0][3].committed:  # answered: nothing to watch
+                        heapq.heappop(self._heap)
+                    if self._closed or (self._heap and self._heap[0][0] <= time.monotonic()):
+                        break
                     self._cond.wait(self._heap[0][0] - time.monotonic() if self._heap else None)
                 if self._closed:
                     return

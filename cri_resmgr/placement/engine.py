@@ -279,8 +279,6 @@ class Engine:
             self._pending[r.token] = r
         log.info("place %s/%s/%s (%s, %dm): %s cpus %s mems %s (%s)", c.namespace, c.pod_name, c.name,
                  c.qos_class or "no QoS", c.cpu_request_milli, kind, c.cpus, c.mems, p.reason)
-        if kind == Kind.EXCLUSIVE:
-            self._pool_wake.set()  # shared containers leave these CPUs now, before the new one can start
         return r
 
     def _refresh_exits(self, timeout: float = 1.0) -> bool:
@@ -308,8 +306,14 @@ class Engine:
             self._released(released, "exited (found while placing)")
         return bool(released)
 
-    def commit(self, r: Reservation, container_id: str = "", resources_blob: str = "") -> None:
-        """The runtime did what the reservation says (created the container, or applied the resize)."""
+    def commit(self, r: Reservation, container_id: str = "", resources_blob: str = "",
+               defer: Callable[[Callable[[], None]], None] | None = None) -> None:
+        """The runtime did what the reservation says (created the container, or applied the resize).
+
+        The books change at once. Waking the engine's threads (save, pool worker, controllers) goes through
+        ``defer`` when given: the relay runs it once the runtime's answer is on its way to kubelet, since those
+        threads would otherwise take the interpreter from the event loop while it forwards that answer."""
+        created: ContainerContext | None = None
         with self._lock:
             if self._pending.pop(r.token, None) is None:
                 return
@@ -329,9 +333,18 @@ class Engine:
                 self.cache.containers[c.id] = c
                 created = self._context(c)
             self._changed.notify_all()
+        if defer is None:
+            self._committed(created)
+        else:
+            defer(lambda: self._committed(created))
+
+    def _committed(self, created: ContainerContext | None) -> None:
         self._dirty.set()
-        self._pool_wake.set()  # a shared create that raced an exclusive one gets the new pool now
-        if not r.resize_of:
+        # The shared containers leave newly taken exclusive CPUs (not at place(): moving them during the create
+        # slowed the runtime's create, and a failed create moved them for nothing; the start waits for them),
+        # and a shared create that raced an exclusive one gets the new pool.
+        self._pool_wake.set()
+        if created is not None:
             self._controller_call("created", [created])
 
     def commit_unplaced(self, r: Reservation, container_id: str = "", cpus_applied: str = "",

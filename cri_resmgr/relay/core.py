@@ -17,6 +17,7 @@ completion is a :class:`CallContext`.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
@@ -105,7 +106,7 @@ class CreateContainer(Handler):
             return
         cid = pb.CreateContainerResponse.FromString(ex.response).container_id
         if ex.rewritten:
-            self.engine.commit(ctx.reservation, cid, ctx.resources_blob)
+            self.engine.commit(ctx.reservation, cid, ctx.resources_blob, defer=self.fe.after_reply)
         else:
             self.engine.commit_unplaced(ctx.reservation, cid, ctx.original_cpus)
 
@@ -138,7 +139,7 @@ class UpdateContainerResources(Handler):
         if ex.code != OK:
             self.engine.abort(ctx.reservation)
         elif ex.rewritten:
-            self.engine.commit(ctx.reservation, resources_blob=ctx.resources_blob)
+            self.engine.commit(ctx.reservation, resources_blob=ctx.resources_blob, defer=self.fe.after_reply)
         else:
             self.engine.commit_unplaced(ctx.reservation, cpus_applied=ctx.original_cpus)
 
@@ -257,6 +258,17 @@ class CriFrontEnd(Hooks):
         h = self.handlers.get(ex.method)
         if h is not None:
             h.complete(ex)
+
+    @staticmethod
+    def after_reply(fn: Callable[[], None]) -> None:
+        """Run ``fn`` once the answer of the call being completed has been handed to the client's socket: a
+        completion runs while the proxy holds that answer, and the event loop runs ``fn`` right after."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # not on the event loop (a handler called directly)
+            fn()
+            return
+        loop.call_soon(fn)
 
     def take_context(self, ex: Exchange) -> CallContext | None:
         with self.exchange_lock:

@@ -206,6 +206,10 @@ class RelayProcess:
         engine.start()
         engine.spawn("events", relay.events_loop)
         gc.freeze()  # objects from start-up never need collecting: keeps GC pauses off the forwarding path
+        # The engine's threads (pool, persist, controllers) wake on every create and hold the GIL in turns: the
+        # event loop, back from a socket write, waited up to a whole turn (default 5 ms) for it. Shorter turns
+        # keep forwarding ahead of that bookkeeping (bench/relay_bench.py phase 4).
+        sys.setswitchinterval(0.001)
         log.info("relay listening on %s -> %s (control %s)", self.rc.socket, self.rc.runtime_socket,
                  self.control_path)
         if ready is not None:
