@@ -27,7 +27,7 @@ from ..placement.allocator import InsufficientCpus
 from ..placement.engine import ContainerRequest, Engine
 from ..placement.model import Kind, State
 from ..placement.runtime import RuntimeCallError, RuntimeSnapshot
-from ..sysfs import format_cpulist, parse_cpulist
+from ..sysfs import parse_cpulist
 from . import convert
 from .connection import Connection
 from .proto import nri_pb2 as api
@@ -341,25 +341,17 @@ class Plugin:
 
     # -- helpers ------------------------------------------------------------------------------------
     def _pool_updates(self, exclude: str) -> list[api.ContainerUpdate]:
-        """Updates that put every live shared (and pinned) container on the shared pool as the engine has it now:
-        shared ones on the whole pool, pinned ones on their CPUs within it (the engine's pool worker applies and
-        records the same through UpdateContainers once the hook is over; here the runtime gets them with the answer
-        it is waiting for). Sent even where the engine's books say a container is there already: the books catch
-        up with an answer's updates only when the pool worker has applied them too."""
-        st = self.engine.state()
-        pool = parse_cpulist(st.shared_pool)
+        """Updates that put every created or running shared, pinned and reserved container where the engine's pool
+        says (the engine's pool worker applies and records the same through UpdateContainers once the hook is over;
+        here the runtime gets them with the answer it is waiting for). Sent even where the engine's books say a
+        container is there already: the books catch up with an answer's updates only when the pool worker has
+        applied them too."""
         out = []
-        for v in st.containers:
-            if v.id == exclude or v.state not in _HOLDING or v.id not in self.view.containers or not pool:
+        for cid, cpus, mems, _ in self.engine.pool_targets(changed_only=False):
+            if cid == exclude or self.view.states.get(cid) not in _HOLDING:
                 continue
-            if v.placement == str(Kind.SHARED):
-                want = pool
-            elif v.placement == str(Kind.PINNED):
-                want = (parse_cpulist(v.cpus) & pool) or pool
-            else:
-                continue
-            upd = convert.cpuset_update(v.id, format_cpulist(want), v.mems, self.view.blob(v.id))
-            self.view.set_resources(v.id, upd.linux.resources)
+            upd = convert.cpuset_update(cid, cpus, mems, self.view.blob(cid))
+            self.view.set_resources(cid, upd.linux.resources)
             out.append(upd)
         return out
 
@@ -367,7 +359,7 @@ class Plugin:
 _PodEvent = (api.RunPodSandboxRequest | api.StopPodSandboxRequest | api.RemovePodSandboxRequest
              | api.StartContainerRequest | api.RemoveContainerRequest)
 _CONTAINER_EVENTS = (api.StartContainerRequest, api.RemoveContainerRequest)
-_HOLDING = (str(State.CREATED), str(State.RUNNING))
+_HOLDING = (State.CREATED, State.RUNNING)
 # RUN_POD_SANDBOX -> RunPodSandbox (metrics' event label), computed once rather than per StateChange
 _EVENT_NAMES = {v: "".join(w.capitalize() for w in n.split("_")) for n, v in api.Event.items()}
 

@@ -612,9 +612,10 @@ class Engine:
             self._dirty.set()
         return done
 
-    def pool_targets(self) -> list[tuple[str, str, str, str]]:
+    def pool_targets(self, changed_only: bool = True) -> list[tuple[str, str, str, str]]:
         """(container id, cpus, mems, resources blob) for every live non-exclusive container whose cpuset is not
-        what the pool says now. Books only: no runtime call (a front end may answer a runtime hook with them)."""
+        what the pool says now (every one with ``changed_only=False``: a front end whose answers run ahead of the
+        books). Books only: no runtime call (a front end may answer a runtime hook with them)."""
         with self._lock:
             pool = self._pool()
             out = []
@@ -622,7 +623,7 @@ class Engine:
                 if not c.live or c.placement == Kind.EXCLUSIVE:
                     continue
                 want = self._desired(c, pool)
-                if want and want != c.cpu_set:
+                if want and (want != c.cpu_set or not changed_only):
                     out.append((c.id, format_cpulist(want), format_cpulist(self.alloc.mems_of(want)), c.resources))
             return out
 

@@ -70,6 +70,19 @@ class Handler:
     def complete(self, ex: Exchange) -> None:
         """Event loop: the call ended (``ex.code``)."""
 
+    def settle(self, ex: Exchange, container_id: str = "") -> None:
+        """A held create or resize ended: its reservation is aborted (the call failed), committed (the runtime
+        got the rewritten request) or committed as what the runtime really got (it got the original)."""
+        ctx = self.fe.take_context(ex)
+        if ctx is None:
+            return
+        if ex.code != OK:
+            self.engine.abort(ctx.reservation)
+        elif ex.rewritten:
+            self.engine.commit(ctx.reservation, container_id, ctx.resources_blob, defer=self.fe.after_reply)
+        else:
+            self.engine.commit_unplaced(ctx.reservation, container_id, ctx.original_cpus)
+
 
 class CreateContainer(Handler):
     mode = Mode.REWRITE
@@ -98,17 +111,8 @@ class CreateContainer(Handler):
         return req.SerializeToString()
 
     def complete(self, ex: Exchange) -> None:
-        ctx = self.fe.take_context(ex)
-        if ctx is None:
-            return
-        if ex.code != OK:
-            self.engine.abort(ctx.reservation)
-            return
-        cid = pb.CreateContainerResponse.FromString(ex.response).container_id
-        if ex.rewritten:
-            self.engine.commit(ctx.reservation, cid, ctx.resources_blob, defer=self.fe.after_reply)
-        else:
-            self.engine.commit_unplaced(ctx.reservation, cid, ctx.original_cpus)
+        cid = pb.CreateContainerResponse.FromString(ex.response).container_id if ex.code == OK else ""
+        self.settle(ex, cid)
 
 
 class UpdateContainerResources(Handler):
@@ -133,15 +137,7 @@ class UpdateContainerResources(Handler):
         return req.SerializeToString()
 
     def complete(self, ex: Exchange) -> None:
-        ctx = self.fe.take_context(ex)
-        if ctx is None:
-            return
-        if ex.code != OK:
-            self.engine.abort(ctx.reservation)
-        elif ex.rewritten:
-            self.engine.commit(ctx.reservation, resources_blob=ctx.resources_blob, defer=self.fe.after_reply)
-        else:
-            self.engine.commit_unplaced(ctx.reservation, cpus_applied=ctx.original_cpus)
+        self.settle(ex)
 
 
 class StartContainer(Handler):
