@@ -532,7 +532,8 @@ class ApiConfig(_Strict):
         None, description="bearer token required by mutating endpoints; none means they are disabled"
     )
     read_token: SecretStr | None = Field(
-        None, description="bearer token required by every endpoint but /healthz and /readyz (token works too)"
+        None, description="bearer token required by every endpoint but /healthz, /readyz and the UI's static files "
+                          "(token works too)"
     )
     allow_unauthenticated_reads: bool = Field(
         False, description="serve reads without read_token on a non-loopback listen address (a decision, not a default)"

@@ -37,6 +37,7 @@ class FixtureNode:
     machine: str = "xeon-2s-112c-snc2"
     containers: list[FixtureContainer] = field(default_factory=list)
     agent: Agent | None = None
+    api: dict = field(default_factory=dict)  # the config's api section (tokens)
     _busy: dict[int, int] = field(default_factory=dict)
     _idle: dict[int, int] = field(default_factory=dict)
 
@@ -60,7 +61,7 @@ class FixtureNode:
         others = {n: {"enabled": False} for n in Collectors.model_fields if n not in ("cgroup", "cpu")}
         cfg = build_config(
             {"state_dir": str(self.tmp / "state"), "run_dir": str(self.tmp / "run"),
-             "store": {"checkpoint": False},
+             "store": {"checkpoint": False}, "api": self.api,
              "paths": {"sysfs": str(sysfs), "cgroup": str(self.cg), "proc": str(self.proc)},
              "collectors": {"cgroup": {"interval_seconds": 3600, "extra_cgroups": extra},
                             "cpu": {"interval_seconds": 3600}, **others}},

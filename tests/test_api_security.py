@@ -20,7 +20,7 @@ from cri_resmgr.config import ConfigError, RemoteWriteConfig, build_config, reda
 from cri_resmgr.export.remote_write import RemoteWriter, RetryableError
 from cri_resmgr.store import Store
 from cri_resmgr.web.app import create_app
-from cri_resmgr.web.guard import host_allowed, parse_bearer
+from cri_resmgr.web.guard import host_allowed, needs_no_token, parse_bearer
 
 from .test_hostile_api import make_agent
 
@@ -66,6 +66,27 @@ def test_read_token_guards_everything_but_probes(tmp_path):
         assert r.status_code == 401
     finally:
         a.stop()
+
+
+def test_ui_files_load_without_the_read_token_but_never_reach_the_api(tmp_path):
+    """The page's own static files carry no node data: they load without a token so the page can ask for one.
+    Nothing under /ui/ leads to the API, however the path is spelled."""
+    a = make_agent(tmp_path, api={"read_token": READ})
+    try:
+        c = TestClient(create_app(a))
+        assert c.get("/", follow_redirects=False).status_code in (302, 307)
+        assert c.get("/ui/").status_code == 200 and c.get("/ui/app.js").status_code == 200
+        for path in ("/ui/../api/v1/config", "/ui/%2e%2e/api/v1/config", "/ui/..%2fapi/v1/config",
+                     "/ui//api/v1/config", "/uix/api/v1/config", "/ui/../metrics"):
+            r = c.get(path)
+            assert r.status_code in (401, 404), (path, r.status_code)
+            assert "node_name" not in r.text and "cri_resmgr_" not in r.text, path
+    finally:
+        a.stop()
+    # The decision on the raw (decoded, unnormalised) ASGI path, which a client library would normalise first.
+    assert needs_no_token("/ui/app.js") and needs_no_token("/ui/") and needs_no_token("/ui")
+    for raw in ("/ui/../api/v1/config", "/ui/a/../../metrics", "/ui/..", "/uix/app.js", "/api/v1/ui/"):
+        assert not needs_no_token(raw), raw
 
 
 @pytest.mark.parametrize("host,ok", [

@@ -197,6 +197,55 @@ def test_ui_files_are_served_and_root_redirects(node):
     assert "http://" not in html and "https://" not in html  # nothing from a CDN
 
 
+def test_ui_asks_for_the_read_token_and_sends_it_only_as_a_header(tmp_path, browser):
+    """With api.read_token set, the page loads, asks for the token, refuses a wrong one with the reason, then
+    shows the node's data; the token goes in the Authorization header of API calls, never in a URL, and the CSV
+    link works with it."""
+    read = "ui-read-token-0123456789"
+    n = FixtureNode(tmp_path, "xeon-2s-112c-snc2", CONTAINERS, api={"read_token": read}).start()
+    try:
+        n.feed({})
+        time.sleep(0.3)
+        n.feed({c: 0.5 for c in n.cpus}, usage_step_ns={CONTAINERS[0].rel: 1_000_000_000})
+        with Served(create_app(n.agent)) as srv:
+            page = browser.new_page(viewport={"width": 1400, "height": 1200})
+            requests: list[tuple[str, str | None]] = []
+            page.on("request", lambda r: requests.append((r.url, r.headers.get("authorization"))))
+            errors: list[str] = []
+            page.on("pageerror", lambda e: errors.append(f"page error: {e}"))
+            page.goto(srv.url + "/ui/")
+            page.wait_for_selector("#login:not([hidden])", timeout=20_000)
+            assert "asks for a read token" in page.locator("#login-reason").inner_text()
+            assert page.locator("body[data-refreshes]").count() == 0  # nothing shown without the token
+
+            page.fill("#token", "wrong-token")
+            page.click("#login button[type=submit]")
+            page.wait_for_function("document.querySelector('#login-reason').textContent.includes('not accepted')",
+                                   timeout=10_000)
+            assert not page.locator("#login").is_hidden()
+
+            page.fill("#token", read)
+            page.click("#login button[type=submit]")
+            page.wait_for_selector("body[data-refreshes]", timeout=20_000)
+            assert page.locator("#login").is_hidden()
+            assert page.locator("#node").inner_text() == "· fixture-node"
+            assert page.locator("svg#topology g.cell").count() == 224
+            assert page.locator("#containers tbody tr").count() == 4
+
+            # The CSV link: the browser fetches it with the header and saves it.
+            with page.expect_download(timeout=10_000) as dl:
+                page.click("#hm-csv")
+            assert Path(dl.value.path()).read_text().splitlines()[0].startswith("row,")
+
+            api_calls = [(u, h) for u, h in requests if "/api/" in u]
+            assert api_calls and all(read not in u and "wrong-token" not in u for u, _ in requests)
+            after = [h for u, h in api_calls[-5:]]
+            assert after == [f"Bearer {read}"] * len(after), after
+            assert not errors, errors
+    finally:
+        n.stop()
+
+
 PLAN_CONTAINERS = [
     kubepods("1", "a", "0-3,112-115", qos="guaranteed"),
     kubepods("2", "b", "8-111,120-223"),

@@ -10,6 +10,7 @@ import contextlib
 import hmac
 import json
 import os
+import posixpath
 import threading
 from collections.abc import Awaitable, Callable, MutableMapping
 from concurrent.futures import ThreadPoolExecutor
@@ -27,6 +28,10 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 # Probes answer without a token: kubelet does not send one, and they say nothing about the node.
 UNAUTHENTICATED_PATHS = frozenset({"/healthz", "/readyz"})
+# The web UI's own files are the package's static files, the same on every node: served without a token, so the
+# page can load and ask for one (it then sends it as a bearer header on every API call).
+UI_PATHS = frozenset({"/", "/ui"})
+UI_PREFIX = "/ui/"
 # Requests whose work grows with the store (series × steps): at most api.max_concurrent_queries at once.
 HEAVY_PATHS = frozenset({"/api/v1/query_range", "/api/v1/series"})
 HEAVY_PREFIXES = ("/api/v1/heatmap",)
@@ -100,6 +105,14 @@ def host_allowed(host_header: str | None, listen_host: str, allowed: list[str]) 
     return name in LOOPBACK_NAMES or name == listen_host.lower() or name in {a.lower() for a in allowed}
 
 
+def needs_no_token(path: str) -> bool:
+    """Probes and the UI's static files. A UI path must stay under /ui/ once dot segments are resolved (the
+    ASGI path is percent-decoded but not normalised)."""
+    if path in UNAUTHENTICATED_PATHS or path in UI_PATHS:
+        return True
+    return path.startswith(UI_PREFIX) and (posixpath.normpath(path) + "/").startswith(UI_PREFIX)
+
+
 def is_heavy(path: str) -> bool:
     return path in HEAVY_PATHS or path.startswith(HEAVY_PREFIXES)
 
@@ -164,7 +177,7 @@ class RequestGuard:
                 await _send_error(send, 421, "Host: not accepted on a loopback listen address; use localhost or "
                                              "127.0.0.1, or add the name to api.allowed_hosts")
                 return
-        if (cfg.api.read_token is not None and path not in UNAUTHENTICATED_PATHS
+        if (cfg.api.read_token is not None and not needs_no_token(path)
                 and not token_matches(parse_bearer(headers.get("authorization")), cfg.api.read_token, cfg.api.token)):
             self.rejected_total += 1
             await _send_error(send, 401, "Authorization: missing or wrong bearer token (api.read_token)",

@@ -24,12 +24,33 @@ const state = {
 
 // ---------------------------------------------------------------------------------------------
 // helpers
+
+// The read token (api.read_token) when the agent asks for one: typed in by the user, kept for this tab only
+// (sessionStorage), sent as a bearer header and never put in a URL.
+const TOKEN_KEY = "cri-resmgr-token";
+
+class Unauthorized extends Error {}
+
+function authHeaders() {
+  const t = sessionStorage.getItem(TOKEN_KEY);
+  return t ? { Authorization: "Bearer " + t } : {};
+}
+
+async function fetchApi(url) {
+  const r = await fetch(url, { headers: authHeaders(), cache: "no-store" });
+  if (r.status === 401) {
+    const had = sessionStorage.getItem(TOKEN_KEY) !== null;
+    throw new Unauthorized(had ? "the token was not accepted (api.read_token)" : "this agent asks for a read token");
+  }
+  return r;
+}
+
 async function api(path, params) {
   const url = new URL(path, window.location.origin);
   for (const [k, v] of Object.entries(params || {})) {
     if (v !== undefined && v !== null && v !== "") url.searchParams.set(k, v);
   }
-  const r = await fetch(url);
+  const r = await fetchApi(url);
   if (!r.ok) {
     let detail = r.statusText;
     try { detail = (await r.json()).detail || detail; } catch (_) { /* not JSON */ }
@@ -114,8 +135,44 @@ function serverNow() {
 }
 
 function showError(err) {
+  if (err instanceof Unauthorized) {
+    askToken(err.message);
+    return;
+  }
   $("#status").textContent = String(err.message || err);
   console.error(err);
+}
+
+// 401: show the token form; a token typed in is tried at once (the form stays up with the reason if refused).
+function askToken(reason) {
+  clearTimeout(state.timer);
+  $("#login-reason").textContent = reason;
+  $("#login").hidden = false;
+  $("#token").focus();
+}
+
+async function useToken(ev) {
+  ev.preventDefault();
+  const t = $("#token").value.trim();
+  $("#token").value = "";
+  if (t) sessionStorage.setItem(TOKEN_KEY, t); else sessionStorage.removeItem(TOKEN_KEY);
+  $("#login").hidden = true;
+  await start();
+}
+
+// The CSV link: with a token the browser cannot send the header on a plain link, so fetch and save it.
+async function downloadCsv(ev) {
+  if (!sessionStorage.getItem(TOKEN_KEY)) return;  // no token: the link works as it is
+  ev.preventDefault();
+  try {
+    const r = await fetchApi(ev.currentTarget.href);
+    if (!r.ok) throw new Error(`CSV: ${r.status} ${r.statusText}`);
+    const a = el("a", { href: URL.createObjectURL(await r.blob()), download: "heatmap.csv" });
+    a.click();
+    URL.revokeObjectURL(a.href);
+  } catch (err) {
+    showError(err);
+  }
 }
 
 function hashState() {
@@ -541,17 +598,26 @@ async function refresh() {
 function schedule() {
   clearTimeout(state.timer);
   const s = Number($("#refresh").value);
-  if (s > 0) state.timer = setTimeout(async () => { await refresh(); schedule(); }, s * 1000);
+  if (s > 0 && $("#login").hidden) state.timer = setTimeout(async () => { await refresh(); schedule(); }, s * 1000);
 }
 
-async function main() {
+// First load, and again after a token is given: the node name, the metric catalogue, then the refresh loop.
+async function start() {
   try {
     const cfg = await api("/api/v1/config");
     $("#node").textContent = cfg.node_name ? "· " + cfg.node_name : "";
     await loadCatalogue(true);
   } catch (err) {
     showError(err);
+    if (err instanceof Unauthorized) return;
   }
+  await refresh();
+  schedule();
+}
+
+async function main() {
+  $("#login").addEventListener("submit", useToken);
+  $("#hm-csv").addEventListener("click", downloadCsv);
   for (const id of ["#topo-metric", "#hm-metric", "#hm-by", "#hm-span", "#hm-top"]) {
     $(id).addEventListener("change", async () => {
       if (id === "#hm-metric") fillGroups();
@@ -570,8 +636,7 @@ async function main() {
     });
   }
   window.addEventListener("resize", () => { if (state.heatmap) drawHeatmap(); });
-  await refresh();
-  schedule();
+  await start();
 }
 
 main();
