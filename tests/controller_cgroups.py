@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import subprocess
 from pathlib import Path
 
 from cri_resmgr.placement.context import ContainerContext
@@ -30,6 +31,23 @@ def unavailable(*controllers: str) -> str | None:
         if v1_hierarchy(c) is None:
             return f"no cgroup v1 {c} hierarchy at {CGROUP / c}"
     return None
+
+
+_bfq_reason: list[str | None] = []
+
+
+def bfq_missing() -> str | None:
+    """Why the v1 blkio hierarchy has no proportional weight (``blkio.bfq.weight``), or None when it has one.
+    Kernels differ between machines of this kind: one was built with BFQ, another without
+    (``# CONFIG_IOSCHED_BFQ is not set``). A BFQ module is loaded when there is one."""
+    if not _bfq_reason:
+        weight = CGROUP / "blkio" / "blkio.bfq.weight"
+        if not weight.exists() and os.geteuid() == 0:
+            with contextlib.suppress(OSError):
+                subprocess.run(["modprobe", "bfq"], capture_output=True, timeout=20, check=False)
+        _bfq_reason.append(None if weight.exists() else
+                           "this kernel has no BFQ I/O scheduler (CONFIG_IOSCHED_BFQ), so no blkio.bfq.weight")
+    return _bfq_reason[0]
 
 
 class Sandbox:

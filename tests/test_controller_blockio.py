@@ -15,7 +15,7 @@ from cri_resmgr.config import build_config
 from cri_resmgr.placement.controllers.base import ControlError, Plan
 from cri_resmgr.placement.controllers.blockio import BlockioController, parse_device_values, parse_io_max
 
-from .controller_cgroups import CGROUP, Sandbox, context, unavailable
+from .controller_cgroups import CGROUP, Sandbox, bfq_missing, context, unavailable
 
 MiB = 1 << 20
 
@@ -79,8 +79,10 @@ def test_unknown_device_pattern_is_a_problem_naming_the_key():
 
 
 def test_class_writes_throttle_and_weight_and_a_new_class_clears_old_rules(sandbox, loopdev):
+    bfq = bfq_missing() is None
     ctrl = BlockioController(CGROUP)
-    p = plan(ctrl, {"slow": {"weight": 200, "devices": [{"devices": loopdev, "write_bps": MiB, "read_iops": 50}]},
+    weight = {"weight": 200} if bfq else {}
+    p = plan(ctrl, {"slow": {**weight, "devices": [{"devices": loopdev, "write_bps": MiB, "read_iops": 50}]},
                     "fast": {"devices": [{"devices": loopdev, "read_bps": 8 * MiB}]}})
     path = sandbox.container("pod", "c1")
     d = sandbox.dir("blkio", path)
@@ -89,15 +91,33 @@ def test_class_writes_throttle_and_weight_and_a_new_class_clears_old_rules(sandb
     ctrl.enforce(context(path), "slow", p)
     assert parse_device_values((d / "blkio.throttle.write_bps_device").read_text()) == {dev: MiB}
     assert parse_device_values((d / "blkio.throttle.read_iops_device").read_text()) == {dev: 50}
-    assert (d / "blkio.bfq.weight").read_text().split()[-1] == "200"
+    if bfq:
+        assert (d / "blkio.bfq.weight").read_text().split()[-1] == "200"
     ctrl.enforce(context(path), "fast", p)  # re-enforce with another class: the old rules go
     assert parse_device_values((d / "blkio.throttle.write_bps_device").read_text()) == {}
     assert parse_device_values((d / "blkio.throttle.read_iops_device").read_text()) == {}
     assert parse_device_values((d / "blkio.throttle.read_bps_device").read_text()) == {dev: 8 * MiB}
-    assert (d / "blkio.bfq.weight").read_text().split()[-1] == "100"
+    if bfq:
+        assert (d / "blkio.bfq.weight").read_text().split()[-1] == "100"
+
+
+def test_a_weight_on_a_kernel_without_bfq_is_reported_and_the_throttles_still_apply(sandbox, loopdev):
+    why = bfq_missing()
+    if why is None:
+        pytest.skip("this kernel has BFQ: the weight is written (the test above checks it)")
+    ctrl = BlockioController(CGROUP)
+    p = plan(ctrl, {"slow": {"weight": 200, "devices": [{"devices": loopdev, "write_bps": MiB}]}})
+    path = sandbox.container("pod", "c1")
+    with pytest.raises(ControlError, match=r"no proportional weight here"):
+        ctrl.enforce(context(path), "slow", p)
+    st = os.stat(loopdev)
+    text = (sandbox.dir("blkio", path) / "blkio.throttle.write_bps_device").read_text()
+    assert parse_device_values(text) == {f"{os.major(st.st_rdev)}:{os.minor(st.st_rdev)}": MiB}
 
 
 def test_per_device_weight_without_bfq_on_the_device_is_reported_with_the_kernels_errno(sandbox, loopdev):
+    if bfq_missing():
+        pytest.skip(bfq_missing())
     sched = Path(f"/sys/block/{Path(loopdev).name}/queue/scheduler")
     sched.write_text("none")
     ctrl = BlockioController(CGROUP)

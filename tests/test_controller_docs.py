@@ -15,7 +15,7 @@ from cri_resmgr.placement.controllers.blockio import parse_device_values
 from cri_resmgr.placement.controllers.manager import ControlManager
 from cri_resmgr.placement.controllers.rt import RUNTIME
 
-from .controller_cgroups import Sandbox, context, unavailable
+from .controller_cgroups import Sandbox, bfq_missing, context, unavailable
 from .resctrlfs import ResctrlEmulator, fuse_unavailable
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "resource-control.md"
@@ -45,10 +45,14 @@ def test_blockio_example_is_enforced():
     sb = Sandbox(("blkio",))
     try:
         ctx = context(sb.container("pod", "c"), qos="BestEffort")
-        assert m.apply(ctx)["blockio"].error == ""
+        error = m.apply(ctx)["blockio"].error
         d = sb.dir("blkio", ctx.cgroup_path)
         assert set(parse_device_values((d / "blkio.throttle.write_bps_device").read_text()).values()) == {1048576}
-        assert (d / "blkio.bfq.weight").read_text().strip() == "50"
+        if bfq_missing() is None:
+            assert error == ""
+            assert (d / "blkio.bfq.weight").read_text().strip() == "50"
+        else:  # the example's weight cannot be had on this kernel: said so, the throttle is there all the same
+            assert error.startswith("no proportional weight here"), error
     finally:
         sb.cleanup()
 

@@ -4,6 +4,7 @@ the node's budget refuses what does not fit, and releases give the runtime back.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -137,3 +138,43 @@ def test_rt_throttling_off_gives_the_whole_period_as_budget(tmp_path):
     (tmp_path / "cpu" / RUNTIME).write_text("-1\n")
     p = RtController(tmp_path).prepare(section({"all": {"runtime_us": 1000000}}))
     assert isinstance(p, Plan) and (p.details.period_us, p.details.runtime_us) == (1000000, 1000000)
+
+
+def test_grants_of_containers_stopped_while_down_are_given_back_at_the_next_start(sandbox, tmp_path):
+    """The front end grants two containers, dies, one container stops meanwhile: the next start gives its
+    runtime back (pod and top level), keeps the live container's grant, and touches nothing it did not write."""
+    ledger = tmp_path / "rt-grants.json"
+    first = RtController(CGROUP, ledger=ledger)
+    p = first.prepare(section({"rt": {"runtime_us": 20000}}))
+    assert isinstance(p, Plan), p
+    first.commit(p)
+    live, gone = sandbox.container("pod1", "c1"), sandbox.container("pod2", "c2")
+    foreign = sandbox.mkdir("cpu", "other")
+    (sandbox.dir("cpu") / RUNTIME).write_text("5000")
+    (foreign / RUNTIME).write_text("5000")  # a group someone else runs RT tasks in
+    first.enforce(context(live), "rt", p)
+    first.enforce(context(gone), "rt", p)
+    assert (runtime(sandbox), runtime(sandbox, "pod2")) == (45000, 20000)
+    del first  # kill -9: nothing released
+
+    sandbox.dir("cpu", gone).rmdir()  # the container stopped and its cgroup went while nobody watched
+    second = RtController(CGROUP, ledger=ledger)
+    assert second.commit(second.prepare(section({"rt": {"runtime_us": 20000}}))) == []
+    assert (runtime(sandbox), runtime(sandbox, "pod1"), runtime(sandbox, "pod1/c1")) == (25000, 20000, 20000)
+    assert runtime(sandbox, "pod2") == 0 and runtime(sandbox, "other") == 5000
+    assert fifo_in(sandbox.dir("cpu", live)) == "ok"  # the live container still runs RT tasks
+    assert json.loads(ledger.read_text())["grants"] == {live.strip("/"): 20000}
+
+
+@pytest.mark.parametrize("content", [b"{not json", b'{"version": 1, "grants": {"a": -1}, "touched": []}',
+                                     b'{"version": 7}', b"[]"])
+def test_an_unusable_ledger_is_ignored_and_the_start_goes_on(sandbox, tmp_path, content):
+    ledger = tmp_path / "rt-grants.json"
+    ledger.write_bytes(content)
+    ctrl = RtController(CGROUP, ledger=ledger)
+    p = ctrl.prepare(section({"rt": {"runtime_us": 10000}}))
+    assert isinstance(p, Plan) and ctrl.commit(p) == []
+    path = sandbox.container("pod", "c")
+    ctrl.enforce(context(path), "rt", p)
+    assert runtime(sandbox) == 10000
+    assert json.loads(ledger.read_text())["grants"] == {path.strip("/"): 10000}

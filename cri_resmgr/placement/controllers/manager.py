@@ -40,7 +40,7 @@ def default_controllers(cfg: Config) -> list[ControlType[Any]]:
     p = cfg.paths
     return [RdtController(p.resctrl, sysfs=p.sysfs, proc=p.proc, cgroup_root=p.cgroup),
             BlockioController(p.cgroup, dev_root=p.dev, sysfs=p.sysfs),
-            RtController(p.cgroup)]
+            RtController(p.cgroup, ledger=cfg.state_dir / "rt-grants.json")]
 
 
 @dataclass(frozen=True)

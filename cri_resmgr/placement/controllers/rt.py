@@ -8,10 +8,17 @@ exceed the runtime of the parent"), and the root group's runtime (``sched_rt_run
 fails with EPERM. So a grant raises the parents top-down first and lowering goes bottom-up, and what other
 groups already hold (siblings this controller does not manage) is left to them and counted against the
 budget. Without CONFIG_RT_GROUP_SCHED there is no ``cpu.rt_runtime_us`` and every grant is refused.
+
+What was granted outlives the process: the parents of a container that stopped while the front end was down
+would keep their runtime for good and drain the node's budget. So the grants and every path written are kept in
+a ledger file (``rt-grants.json`` in the state directory); at the first commit after a start, grants whose cgroup
+is gone are given back and the parents lowered to what is left. Only paths in the ledger are touched.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import time
 from dataclasses import dataclass
@@ -21,10 +28,14 @@ from typing import Any
 from ... import metrics as M
 from ...config import RtControlConfig
 from ..context import ContainerContext
+from ..persist import write_whole
 from .base import Applied, ControlError, ControlType, NoCgroupYet, Plan
 from .cgroups import Hierarchy, describe, hierarchies, write_file
 
+log = logging.getLogger(__name__)
+
 RUNTIME, PERIOD = "cpu.rt_runtime_us", "cpu.rt_period_us"
+LEDGER_VERSION = 1
 
 
 @dataclass(frozen=True)
@@ -64,11 +75,14 @@ class RtController(ControlType[RtControlConfig]):
     name = "rt"
     class_metric = M.CONTAINER_RT_CLASS
 
-    def __init__(self, cgroup_root: Path, lower_patience_seconds: float = 2.0):
+    def __init__(self, cgroup_root: Path, lower_patience_seconds: float = 2.0, ledger: Path | None = None):
         self.cgroup_root = Path(cgroup_root)
         self.lower_patience_seconds = lower_patience_seconds
         self.grants: dict[str, int] = {}  # container cgroup path (relative, no leading /) -> runtime_us
         self.touched: set[str] = set()  # every path this controller ever wrote (to lower them again)
+        self.ledger = ledger  # where grants and touched paths survive a restart (None: not kept)
+        self._saved: bytes | None = None
+        self._recovered = ledger is None
 
     def hierarchy(self) -> Hierarchy | None:
         for h in hierarchies(self.cgroup_root, "cpu"):
@@ -104,6 +118,64 @@ class RtController(ControlType[RtControlConfig]):
                 problems.append(f"{self.key('classes', name, 'runtime_us')}: {c.runtime_us} µs exceeds the node's "
                                 f"RT budget of {b.runtime_us} µs per {b.period_us} µs (root {RUNTIME})")
         return problems or Plan(section, tuple(section.classes), b)
+
+    def commit(self, plan: Plan[RtControlConfig]) -> list[str]:
+        """At the first commit after a start: give back what a previous run granted to containers whose cgroup
+        is gone. Never a problem that stops the start: what cannot be lowered is logged and tried again later."""
+        if not self._recovered:
+            self._recovered = True
+            self._recover()
+        return []
+
+    # -- the ledger -----------------------------------------------------------------------------------
+    def _load_ledger(self) -> tuple[dict[str, int], set[str]]:
+        assert self.ledger is not None
+        try:
+            doc = json.loads(self.ledger.read_bytes())
+            if not isinstance(doc, dict) or doc.get("version") != LEDGER_VERSION:
+                raise ValueError(f"not a version {LEDGER_VERSION} ledger")
+            grants, touched = doc["grants"], doc["touched"]
+            if not (isinstance(grants, dict) and all(isinstance(k, str) and type(v) is int and v >= 0
+                                                     for k, v in grants.items())
+                    and isinstance(touched, list) and all(isinstance(t, str) for t in touched)):
+                raise ValueError("grants must map paths to runtimes, touched must list paths")
+        except FileNotFoundError:
+            return {}, set()
+        except (OSError, ValueError, KeyError) as e:
+            log.warning("rt: ignoring the grant ledger %s (%s): grants of an earlier run are not given back",
+                        self.ledger, e)
+            return {}, set()
+        clean = {p.strip("/"): v for p, v in grants.items() if ".." not in p.split("/")}
+        return clean, {t.strip("/") for t in touched if ".." not in t.split("/")}
+
+    def _remember(self) -> None:
+        if self.ledger is None:
+            return
+        data = json.dumps({"version": LEDGER_VERSION, "grants": self.grants, "touched": sorted(self.touched)},
+                          sort_keys=True).encode()
+        if data == self._saved:
+            return
+        try:
+            write_whole(self.ledger, data)
+            self._saved = data
+        except OSError as e:  # the grant itself is done; only its memory across a restart is at risk
+            log.warning("rt: cannot save the grant ledger %s: %s", self.ledger, describe(e))
+
+    def _recover(self) -> None:
+        grants, touched = self._load_ledger()
+        h, b = self.hierarchy(), self.budget()
+        if not (grants or touched) or h is None or isinstance(b, str):
+            return
+        live = {p: v for p, v in grants.items() if h.dir_of(p).is_dir()}
+        self.grants, self.touched = live, touched | set(grants)
+        try:
+            self._apply(live, b)
+        except ControlError as e:
+            log.warning("rt: giving back the grants of stopped containers: %s", e)
+        self._remember()
+        gone = sorted(set(grants) - set(live))
+        if gone:
+            log.info("rt: gave back the RT runtime of %d stopped container(s): %s", len(gone), ", ".join(gone))
 
     # -- the tree -----------------------------------------------------------------------------------
     def _children(self, h: Hierarchy, paths: set[str]) -> dict[str, list[str]]:
@@ -197,14 +269,17 @@ class RtController(ControlType[RtControlConfig]):
         want = plan.section.classes[cls].runtime_us
         if self.grants.get(path) == want and self._current(h, [path]).get(path) == want:
             return {"cgroup": path, "runtime_us": want}  # unchanged (a reload): no walk of the tree
-        grants = dict(self.grants)
+        # A granted cgroup that is gone (its container stopped unseen) needs nothing any more.
+        grants = {p: v for p, v in self.grants.items() if h.dir_of(p).is_dir()}
         grants[path] = want
         try:
             self._apply(grants, plan.details)
         except ControlError:
             self._apply(self.grants, plan.details)  # put back what the others were granted
+            self._remember()
             raise
         self.grants = grants
+        self._remember()
         return {"cgroup": path, "runtime_us": grants[path]}
 
     def release(self, ctx: ContainerContext, applied: Applied, plan: Plan[RtControlConfig]) -> None:
@@ -214,4 +289,7 @@ class RtController(ControlType[RtControlConfig]):
         grants = {p: v for p, v in self.grants.items() if p != path}
         self.grants = grants
         self.touched.add(path)
-        self._apply(grants, plan.details)
+        try:
+            self._apply(grants, plan.details)
+        finally:
+            self._remember()
