@@ -48,6 +48,11 @@ print(json.dumps({"package": cri_resmgr.__file__, "object": str(A.DEFAULT_OBJECT
 """
 
 
+def _has_avx512f() -> bool:
+    return any(line.startswith("flags") and "avx512f" in line.split()
+               for line in Path("/proc/cpuinfo").read_text().splitlines())
+
+
 def _copy_sources(dst: Path) -> Path:
     """What an sdist holds (pyproject.toml, setup.py, README.md, the package), minus any object built in place."""
     for f in ("pyproject.toml", "setup.py", "README.md"):
@@ -131,7 +136,10 @@ def test_wheel_carries_the_co_re_object_and_loads_it_from_a_fresh_venv(tmp_path)
     assert REPO not in [Path(p or run_dir).resolve() for p in got["path"]], got["path"]  # '' is the cwd
     assert sorted(got["attached"]) == ["tp_btf/sched_switch", "tp_btf/x86_fpu_regs_deactivated"]
     assert got["switches"] and got["switches"][0] >= 50, got  # each sleep switches the child out
-    assert got["collector"]["ok"] and got["collector"]["source"] == "LibbpfSource", got["collector"]
+    if _has_avx512f():
+        assert got["collector"]["ok"] and got["collector"]["source"] == "LibbpfSource", got["collector"]
+    else:  # machines of this kind differ: on a CPU without AVX-512 the collector is down for that reason alone
+        assert not got["collector"]["ok"] and "CPU without avx512f" in got["collector"]["reason"], got["collector"]
 
     # The console script reports the object and libbpf as present.
     script = site / "bin" / "cri-resmgr"  # pip --target puts console scripts there; run it with the fresh venv's python
