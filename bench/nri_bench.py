@@ -16,7 +16,7 @@ as the plugin measures it (logged at debug level per request).
 
 Needs root, runc, busybox-static and access to the Debian archive (or a filled cache).
 
-    nice .venv/bin/python bench/nri_bench.py [--lifecycles 40]
+    nice .venv/bin/python bench/nri_bench.py [--lifecycles 40] [--background N]
 """
 
 from __future__ import annotations
@@ -78,6 +78,9 @@ def main() -> int:
     ap.add_argument("--pods", choices=("mixed", "besteffort"), default="mixed",
                     help="mixed: BestEffort and Guaranteed 1-CPU alternating; besteffort: no exclusive CPUs, "
                          "so no pool updates")
+    ap.add_argument("--background", type=int, default=0, metavar="N",
+                    help="N BestEffort pods (one running container each) kept alive on every daemon throughout: "
+                         "each exclusive create and stop then moves N shared containers (pool updates measured)")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="crirm-nri-bench-"))
     try:
@@ -104,6 +107,10 @@ def main() -> int:
         assert null_plugin.stdout is not None
         if null_plugin.stdout.readline().strip() != b"registered":
             raise RuntimeError(f"null plugin failed: {(tmp / 'null-plugin.log').read_text()}")
+        for _name, k in daemons:
+            for j in range(args.background):
+                bg = k.run_pod(PodSpec(f"background-{j}", qos="BestEffort"))
+                k.run_container(bg, container_config("idle"))
         for i in range(4):  # warm-up: images, shims, caches
             for _name, k in daemons:
                 lifecycle(k, i, args.pods)
@@ -114,6 +121,8 @@ def main() -> int:
             for name, k in daemons[i % 3:] + daemons[:i % 3]:
                 lat[name].append(lifecycle(k, i, args.pods))
         what = "BestEffort and Guaranteed 1-CPU alternating" if args.pods == "mixed" else "BestEffort only"
+        if args.background:
+            what += f"; {args.background} BestEffort pods running throughout"
         print(f"pod lifecycles x{args.lifecycles} per daemon ({what}), "
               f"{plugin.client().state().runtime or 'containerd 1.7'}; plugin state_dir "
               f"{plugin.config['state_dir']}")

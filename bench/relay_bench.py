@@ -9,13 +9,16 @@ client). Then, with a few pods running so that ListContainers has something to s
 3. whole pod lifecycles (RunPodSandbox, CreateContainer, StartContainer, StopContainer, RemoveContainer,
    StopPodSandbox, RemovePodSandbox), direct and relay interleaved: median and p90;
 4. CreateContainer of a Guaranteed container (exclusive placement) whose pod carries 1,000 annotation entries
-   (an affinity list naming 1,000 containers among them) with 500 containers in the relay's cache, direct and
-   relay interleaved (each created container removed again): median and p90.
+   (an affinity list naming 1,000 containers among them) with 500 containers in the relay's cache: relay,
+   direct, and direct with the cpuset the relay writes ("direct+cpuset"), interleaved in rotating order, each
+   create after a pause (``--settle-ms``) so that it meets an idle runtime (the previous create's pool updates
+   done), each created container removed again: medians, p90, the paired (same round) differences, and the
+   relay's own time per create (worker wait, rewrite hook, forward; from its control socket).
 
 Needs root, containerd, runc and busybox-static (``make test`` installs them).
 
     .venv/bin/python bench/relay_bench.py [--calls 2000] [--lifecycles 30] [--phases 1,2,3,4]
-        [--cache-containers 500] [--creates 30]
+        [--cache-containers 500] [--creates 30] [--settle-ms 150]
 """
 
 from __future__ import annotations
@@ -116,7 +119,7 @@ def lifecycle(k: Kubelet, i: int) -> float:
     return time.perf_counter() - t0
 
 
-def crowded_creates(kd: Kubelet, kr: Kubelet, n_cached: int, n: int) -> None:
+def crowded_creates(kd: Kubelet, kr: Kubelet, control, n_cached: int, n: int, settle: float) -> None:
     crowd = kr.run_pod(PodSpec("crowd", qos="BestEffort"))
     t0 = time.perf_counter()
     for i in range(n_cached):  # created, not started: in the relay's cache without a process each
@@ -129,23 +132,36 @@ def crowded_creates(kd: Kubelet, kr: Kubelet, n_cached: int, n: int) -> None:
             "relay": (kr, kr.run_pod(PodSpec("annotated-r", qos="Guaranteed", annotations=ann))),
             "direct+cpuset": (kd, kd.run_pod(PodSpec("annotated-c", qos="Guaranteed", annotations=ann)))}
     lat: dict[str, list[float]] = {k: [] for k in pods}
-    for i in range(n + 3):
-        for k, (kube, pod) in pods.items():
+    order = list(pods)
+    warm = 3
+    for i in range(n + warm):
+        for k in order[i % 3:] + order[:i % 3]:  # each target first, second and third in turn
+            kube, pod = pods[k]
             cfg = guaranteed(f"g{i}", 1000)
             if k == "direct+cpuset":
                 cfg.linux.resources.cpuset_cpus, cfg.linux.resources.cpuset_mems = "1", "0"
+            time.sleep(settle)  # the previous create's and remove's after-effects (pool updates) are over
             t0 = time.perf_counter()
             cid = kube.create(pod, cfg)
             dt = time.perf_counter() - t0
             kube.c.runtime.RemoveContainer(pb.RemoveContainerRequest(container_id=cid), timeout=30)
             pod.containers.pop(cfg.metadata.name, None)
-            if i >= 3:  # warm-up
+            if i >= warm:
                 lat[k].append(dt)
     d50 = statistics.median(lat["direct"])
     for k, xs in lat.items():
         m = statistics.median(xs)
         print(f"    {k:13s} median {1e3 * m:7.2f} ms  p90 {1e3 * pct(xs, 0.9):7.2f} ms"
-              + ("" if k == "direct" else f"   {1e3 * (m - d50):+.2f} ms vs direct"))
+              + ("" if k == "direct" else f"   {1e3 * (m - d50):+.2f} ms vs direct (medians)"))
+    for base in ("direct", "direct+cpuset"):
+        diffs = [r - b for r, b in zip(lat["relay"], lat[base], strict=True)]
+        print(f"    relay - {base:13s} paired (same round): median {1e3 * statistics.median(diffs):+.2f} ms  "
+              f"p25 {1e3 * pct(diffs, 0.25):+.2f}  p75 {1e3 * pct(diffs, 0.75):+.2f} ms")
+    samples = control.rewrite_timings().get("CreateContainer", [])[-n:]
+    if samples:
+        q, h, p = (statistics.median(x[j] for x in samples) for j in range(3))
+        print(f"    relay's own time per create (median of {len(samples)}): waiting for a worker {1e3 * q:.3f} ms, "
+              f"rewrite hook {1e3 * h:.3f} ms, hook return to forward {1e3 * p:.3f} ms")
 
 
 def main() -> int:
@@ -155,6 +171,8 @@ def main() -> int:
     ap.add_argument("--phases", default="1,2,3,4", help="which of the phases above to run")
     ap.add_argument("--cache-containers", type=int, default=500)
     ap.add_argument("--creates", type=int, default=30)
+    ap.add_argument("--settle-ms", type=float, default=150.0,
+                    help="phase 4: pause before each create, so that each meets an idle runtime and relay")
     args = ap.parse_args()
     phases = {int(x) for x in args.phases.split(",") if x}
     reason = missing_prerequisites()
@@ -220,7 +238,11 @@ def main() -> int:
         if 4 in phases:
             print(f"4. CreateContainer x{args.creates}, Guaranteed, pod with 1,000 annotation entries, "
                   f"{args.cache_containers} containers in the relay's cache")
-            crowded_creates(kd, kr, args.cache_containers, args.creates)
+            control = relay.client()
+            try:
+                crowded_creates(kd, kr, control, args.cache_containers, args.creates, args.settle_ms / 1e3)
+            finally:
+                control.close()
         for c in chans.values():
             c.close()
     finally:

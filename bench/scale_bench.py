@@ -36,6 +36,7 @@ import time
 from pathlib import Path
 
 import _util  # noqa: F401  (puts the repo on sys.path)
+import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
 SW_EVENTS = ["cycles", "instructions", "cpu-clock", "context-switches", "page-faults"]
@@ -63,12 +64,23 @@ def _projected_rss(rss_kib: int, store) -> float:
     agent-shaped data (bench/store_bench.py)."""
     from store_bench import agent_shaped_store
 
+    from cri_resmgr.store.tsdb import Block
+
     shaped = agent_shaped_store(containers=50, rows=1024)
     tab = shaped.tables["cgroup"]
-    per_sample = sum(b.nbytes() for b in tab.blocks) / (sum(b.n for b in tab.blocks) * len(tab.keys))
+    ts, vals = tab.rows(0, tab.seq, np.arange(len(tab.keys)))
+    per_sample: dict[int, float] = {}
+
+    def bytes_per_sample(block_rows: int) -> float:
+        """The shaped rows sealed in blocks of ``block_rows`` (the agent's wide tables seal sooner)."""
+        if block_rows not in per_sample:
+            blocks = [Block(i, ts[i:i + block_rows], vals[i:i + block_rows]) for i in range(0, len(ts), block_rows)]
+            per_sample[block_rows] = sum(b.nbytes() for b in blocks) / (len(ts) * vals.shape[1])
+        return per_sample[block_rows]
+
     grow = 0.0
     for t in store.tables.values():
-        grow += len(t.keys) * t.capacity * per_sample - t.nbytes()
+        grow += len(t.keys) * t.capacity * bytes_per_sample(t.block_rows) - t.nbytes()
     return (rss_kib * 1024 + max(0.0, grow)) / 2**20
 
 
@@ -90,14 +102,22 @@ def child_collector(spec: dict) -> dict:
            "perf": lambda: PerfCollector(root, PerfCollectorConfig(events=SW_EVENTS), cg, topo),
            "rdt": lambda: RdtCollector(Path(spec["resctrl"]), root, RdtCollectorConfig(), cg)}[name]()
     store = Store(retention_seconds=3600.0)
+
+    def cycle() -> None:  # as the agent stores a run (Agent.run_collector_once, no series rules configured)
+        row = col.collect_row(time.time()) if hasattr(col, "collect_row") else col.collect(time.time())
+        if isinstance(row, list):
+            store.append(name, time.time(), row, 1.0)
+        else:
+            store.append_columns(name, time.time(), row, 1.0)
+
     for _ in range(3):
-        store.append(name, time.time(), col.collect(time.time()), 1.0)
+        cycle()
     cycles = spec["cycles"]
     per = []
     c0 = _cpu()
     for _ in range(cycles):
         t = _cpu()
-        store.append(name, time.time(), col.collect(time.time()), 1.0)
+        cycle()
         per.append(_cpu() - t)
     cpu = (_cpu() - c0) / cycles
     files: list[str] = []
@@ -130,12 +150,22 @@ def child_agent(spec: dict) -> dict:
             cfgd["collectors"].setdefault(c, {})["interval_seconds"] = spec["interval"]
     p = Path(spec["tmp"]) / "agent.yaml"
     p.write_text(yaml.safe_dump(cfgd))
+    if spec.get("switch_interval"):  # what `cri-resmgr run` sets process-wide (serve.py): measure its cost
+        sys.setswitchinterval(spec["switch_interval"])
     agent = Agent(load_config(p), p)
     agent.start()
     time.sleep(spec["warmup"])
+    spy = None
+    if spec.get("profile"):  # py-spy (a bench-time tool, not a dependency) samples this process from outside
+        spy = subprocess.Popen([str(Path(sys.executable).with_name("py-spy")), "record", "--nonblocking", "--threads",
+                                "--pid", str(os.getpid()), "--duration", str(int(spec["seconds"])), "--rate", "200",
+                                "--format", "raw", "-o", spec["profile"]], stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
     c0, w0 = _cpu(), time.monotonic()
     time.sleep(spec["seconds"])
     cpu_share = (_cpu() - c0) / (time.monotonic() - w0)
+    if spy is not None:
+        spy.wait()
     rss = _rss_kib()
     expo = Exposition(agent.store, agent.self_metrics)
     times = []
@@ -173,6 +203,13 @@ def main() -> None:
     ap.add_argument("--compare", type=Path,
                     help="another checkout (e.g. `git archive HEAD | tar -x -C DIR`): its whole agent runs in the same "
                          "set-up, alternating with this one's, for a before/after under the same load")
+    ap.add_argument("--profile", type=Path, help="whole agent: write py-spy's collapsed stacks of each run here "
+                    "(DIR/agent-N-interval-k.txt; needs py-spy in the venv)")
+    ap.add_argument("--agent-only", action="store_true", help="skip the per-collector runs")
+    ap.add_argument("--collectors-only", action="store_true", help="skip the whole-agent runs")
+    ap.add_argument("--switch-interval", type=float, action="append", default=None,
+                    help="whole agent: sys.setswitchinterval in the agent (as serve.py sets 0.001); repeat to run "
+                         "the agent once per value (0: Python's default)")
     ap.add_argument("--child", nargs=2)
     args = ap.parse_args()
     if args.child:
@@ -226,18 +263,24 @@ def main() -> None:
                 procs.append(p)
             base = {"cgroup_root": str(CGROUP_ROOT), "resctrl": str(tmp / "resctrl"), "floor": str(floor_bin),
                     "tmp": str(tmp), "cycles": args.cycles}
-            per = {} if other_script else {
+            per = {} if other_script or args.agent_only else {
                 c: run_child("collector", {**base, "collector": c}) for c in ("cgroup", "cpu", "perf", "rdt")}
             agents: dict = {}
-            for interval in ([None, 1.0] if n <= 200 and not other_script else [None]):
-                runs = [("this", __file__), ("other", other_script), ("this", __file__), ("other", other_script)] \
-                    if other_script else [("this", __file__)]
-                for k, (who, script) in enumerate(runs):
+            for interval in ([] if args.collectors_only else [None, 1.0] if n <= 200 and not other_script else [None]):
+                who_runs = [("this", __file__), ("other", other_script), ("this", __file__),
+                            ("other", other_script)] if other_script else [("this", __file__)]
+                switches = args.switch_interval or [0.0]
+                # each switch interval in turn, twice, alternating (the load on this machine drifts)
+                runs = [(who, script, sw) for _ in range(2 if len(switches) > 1 else 1) for sw in switches
+                        for who, script in who_runs]
+                for k, (who, script, sw) in enumerate(runs):
                     d = tmp / f"agent-{n}-{interval}-{k}"
                     d.mkdir()
-                    agents[(interval, who, k)] = run_child(
+                    agents[(interval, who, k, sw)] = run_child(
                         "agent", {**base, "tmp": str(d), "interval": interval, "seconds": args.seconds,
-                                  "warmup": args.warmup, "perf_sw_events": args.perf_sw_events}, script)
+                                  "warmup": args.warmup, "perf_sw_events": args.perf_sw_events, "switch_interval": sw,
+                                  "profile": str(args.profile / f"agent-{n}-{interval}-{k}.txt") if args.profile
+                                  else None}, script)
             results.append((n, per, agents))
     finally:
         stop.set()
@@ -261,8 +304,12 @@ def main() -> None:
             print(f"{c:<10}{r['cpu_per_cycle_s'] * 1e3:>9.2f} ms{r['samples']:>9}{r['files']:>8}"
                   + (f"{fl[0] * 1e3:>12.2f} ms{ratio}{fl[1] * 1e3:>10.2f} ms" if fl else f"{'':>15}{'':>9}{'':>13}")
                   + f"   {r['status'][:110]}")
-        for (interval, who, k), a in agents.items():
+        for (interval, who, k, sw), a in agents.items():
             label = "default intervals" if interval is None else f"all intervals {interval:g} s"
+            if sw:
+                label += f", switch interval {sw * 1e3:g} ms"
+            elif args.switch_interval:
+                label += ", default switch interval"
             if other_script:
                 label += f", {'this checkout' if who == 'this' else args.compare} (run {k + 1})"
             print(f"whole agent, {label}: CPU {a['cpu_share'] * 100:.2f} % of a core (over {args.seconds:g} s), "

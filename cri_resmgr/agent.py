@@ -26,7 +26,7 @@ from .config import Config, ConfigError, load_config
 from .export.exposition import DirectSample
 from .export.remote_write import RemoteWriter
 from .runfiles import acquire_lock
-from .store import Store, checkpoint
+from .store import Columns, Store, checkpoint
 from .supervise import LoopStatus, start_supervised
 from .topology import Topology, discover
 
@@ -245,8 +245,12 @@ class Agent:
             probe = col.probe()
             if not probe.ok:
                 raise CollectorUnavailable(probe.reason)
-            samples = self.series_filter.apply(col.collect(now))
-            self.store.append(name, now, samples, cc.interval_seconds)
+            row = col.collect_row(now)
+            if isinstance(row, Columns) and not self.series_filter.active():
+                self.store.append_columns(name, now, row, cc.interval_seconds)
+            else:
+                samples = row.samples() if isinstance(row, Columns) else row
+                self.store.append(name, now, self.series_filter.apply(samples), cc.interval_seconds)
             h.up, h.reason, h.last_error = True, col.status() or probe.reason or "ok", None
             self._logged_errors.pop(name, None)
         except CollectorUnavailable as e:

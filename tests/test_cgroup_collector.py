@@ -242,3 +242,73 @@ def test_cpuset_changes_make_no_new_series(tmp_path: Path, version: int):
         assert col.cpusets() == {CID: frozenset(range(4) if n == 4 else (1,) if n == 1 else (0, 1))}
     assert len(store.select(name, [Matcher("container_id", "=", CID)])) == 1
     col.close()
+
+
+def test_a_missing_file_is_not_reopened_every_read_and_is_picked_up_when_it_appears(tmp_path: Path, monkeypatch):
+    import os
+
+    from cri_resmgr.collectors import cgroup as cg
+
+    path = str(tmp_path / "cpu.pressure")
+    opens = []
+    real_open = os.open
+    monkeypatch.setattr(cg.os, "open", lambda p, *a: (opens.append(p), real_open(p, *a))[1])
+    files = cg.OpenFiles()
+    for _ in range(200):
+        assert files.read(path) is None
+    assert 1 < len(opens) <= 12, "tried again with a growing gap (1, 2, 4, ... up to ABSENT_RETRY_MAX reads)"
+    (tmp_path / "cpu.pressure").write_text("some avg10=0.00 avg60=0.00 avg300=0.00 total=5\n")
+    got = [files.read(path) for _ in range(cg.ABSENT_RETRY_MAX + 1)]
+    first = next(i for i, b in enumerate(got) if b is not None)
+    assert first <= cg.ABSENT_RETRY_MAX and all(b is not None and b.endswith(b"total=5\n") for b in got[first:])
+    n = len(opens)
+    files.read(path)
+    assert len(opens) == n, "kept open once found"
+    files.close()
+
+
+def test_pressure_files_that_appear_later_are_read(tmp_path: Path):
+    """A container whose v2 PSI files are missing at first (made later) gets its pressure series within a few
+    cycles, without re-opening the missing files on every cycle before that."""
+    from cri_resmgr.collectors.cgroup import ABSENT_RETRY_MAX
+
+    rel = PATHS["cgroupfs-guaranteed"][0]
+    make_v1(tmp_path, rel, Values())
+    (tmp_path / "unified" / rel).mkdir(parents=True)
+    (tmp_path / "unified" / "cgroup.controllers").write_text("cpu memory io\n")
+    col = CgroupCollector(tmp_path, use_inotify=False)
+    psi = M.CONTAINER_PRESSURE_STALLED.name
+    assert not [s for s in col.collect(0.0) if s.metric == psi]
+    for r in ("cpu", "memory", "io"):
+        (tmp_path / "unified" / rel / f"{r}.pressure").write_text(
+            "some avg10=0.00 avg60=0.00 avg300=0.00 total=2000000\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=0\n")
+    for cycle in range(1, ABSENT_RETRY_MAX + 2):
+        got = [s for s in col.collect(float(cycle)) if s.metric == psi]
+        if got:
+            break
+    assert len(got) == 6 and {s.value for s in got if s.labels["kind"] == "some"} == {2.0}
+    col.close()
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_row_keys_stay_the_same_list_until_the_containers_change(tmp_path: Path, version: int):
+    from cri_resmgr.store import Store
+
+    make = make_v1 if version == 1 else make_v2
+    make(tmp_path, PATHS["cgroupfs-containerd-burstable"][0], Values())
+    col = CgroupCollector(tmp_path, use_inotify=False)
+    a, b = Store(), Store()
+    row1 = col.collect_row(1.0)
+    row2 = col.collect_row(2.0)
+    assert row2.keys is row1.keys and len(row1.keys) == len(row1.values)
+    make(tmp_path, f"kubepods/besteffort/pod{UID}/{CID2}", Values(usage_ns=1_000_000_000, cpus="1"))
+    row3 = col.collect_row(3.0)
+    assert row3.keys is not row1.keys and len(row3.keys) > len(row1.keys)
+    assert all(k in row3.keys for k in row1.keys)
+    for t, row in ((1.0, row1), (2.0, row2), (3.0, row3)):
+        a.append_columns("cgroup", t, row)
+        b.append("cgroup", t, row.samples())
+    assert a.series_count == b.series_count == len(row3.samples())
+    assert sorted((r.metric, r.labels, v) for r, _, v in a.latest()) == \
+        sorted((r.metric, r.labels, v) for r, _, v in b.latest())
+    col.close()

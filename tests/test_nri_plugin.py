@@ -101,15 +101,22 @@ def test_shared_create_gets_the_pool_and_no_updates(topology, tmp_path):
     assert parse_cpulist(resp.adjust.linux.resources.cpu.cpus) == frozenset(range(128)) and not resp.update
 
 
-def test_stop_returns_the_exclusive_cpus_to_the_shared_containers(topology, tmp_path):
+def test_stop_returns_the_exclusive_cpus_to_the_shared_containers_after_its_answer(topology, tmp_path):
+    """The stop is answered at once (no update for the runtime to apply before the stop returns); then the pool
+    worker is woken to give the CPUs back through UpdateContainers."""
     plugin = make_plugin(topology, tmp_path / "s")
     be, g = pod("be", "BestEffort"), pod("g")
     sync(plugin, [be], [container("shared1", be, cpus="0-127", state=api.CONTAINER_RUNNING)])
     create(plugin, g, container("excl1", g, milli=4000))
-    raw = plugin.stop_container(api.StopContainerRequest(pod=g, container=api.Container(id="excl1"))
-                                .SerializeToString(), call("StopContainer"))
-    (upd,) = api.StopContainerResponse.FromString(raw).update
-    assert upd.container_id == "shared1" and parse_cpulist(upd.linux.resources.cpu.cpus) == frozenset(range(128))
+    e = plugin.engine
+    e._pool_wake.clear()
+    c = call("StopContainer")
+    raw = plugin.methods()["StopContainer"].handler(
+        api.StopContainerRequest(pod=g, container=api.Container(id="excl1")).SerializeToString(), c)
+    assert raw == b"" and not e._pool_wake.is_set()
+    c.run_after()  # the server runs this once the answer is sent
+    assert e._pool_wake.is_set()
+    assert [(t[0], parse_cpulist(t[1])) for t in e.pool_targets()] == [("shared1", frozenset(range(128)))]
 
 
 def test_insufficient_cpus_is_answered_as_resource_exhausted(topology, tmp_path):
@@ -222,3 +229,61 @@ def test_direct_event_calls_of_newer_runtimes_do_what_state_change_does(topology
     assert plugin.engine.container("c1") is None and plugin.engine.state().exclusive == {}
     m["RemovePodSandbox"].handler(api.RemovePodSandboxRequest(pod=g).SerializeToString(), call("RemovePodSandbox"))
     assert plugin.engine.pod("pod-g") is None
+
+
+def test_hooks_wake_the_engines_threads_only_after_their_answer_and_only_when_the_pool_changed(topology, tmp_path):
+    """A shared create wakes nothing (the pool is unchanged); an exclusive one wakes the pool worker and a save,
+    but only once the answer is out (Call.run_after, which the server runs after sending it); the updates its
+    answer carries are in the books, so the pool worker has nothing left to send."""
+    plugin = make_plugin(topology, tmp_path / "s")
+    m = plugin.methods()
+    be = pod("be", "BestEffort")
+    sync(plugin, [be], [container("shared1", be, cpus="0-127", state=api.CONTAINER_RUNNING)])
+    e = plugin.engine
+    e._pool_wake.clear()  # Synchronize's adoption saves at once; the engine's threads are not running here
+    e._dirty.clear()
+    before = e.wakeups()
+
+    c = call("CreateContainer")
+    b = pod("b", "Burstable")
+    m["CreateContainer"].handler(api.CreateContainerRequest(pod=b, container=container("s2", b, milli=500))
+                                 .SerializeToString(), c)
+    c.run_after()
+    assert e.wakeups() == before  # shared: no pool worker, no save, no controllers
+    assert not e._pool_wake.is_set() and not e._dirty.is_set()
+
+    c = call("CreateContainer")
+    g = pod("g")
+    raw = m["CreateContainer"].handler(api.CreateContainerRequest(pod=g, container=container("x1", g, milli=4000))
+                                       .SerializeToString(), c)
+    ups = {u.container_id: u.linux.resources.cpu.cpus for u in api.CreateContainerResponse.FromString(raw).update}
+    assert set(ups) == {"shared1", "s2"}
+    assert not e._pool_wake.is_set() and not e._dirty.is_set()  # the answer is not sent yet: nothing woken
+    assert e.wakeups()["pool"] == before["pool"] + 1  # asked for, deferred
+    c.run_after()
+    assert e._pool_wake.is_set() and e._dirty.is_set()
+    assert e.pool_targets() == []  # shared1's new cpuset (the answer's update) is in the books
+    assert {cid: e.container(cid).cpus for cid in ups} == ups
+
+
+def test_a_failing_hook_still_runs_its_wake_ups(topology, tmp_path):
+    plugin = make_plugin(topology, tmp_path / "s")
+    sync(plugin, [], [])
+    g = pod("g")
+    create(plugin, g, container("x1", g, milli=2000))
+    e = plugin.engine
+    e._pool_wake.clear()
+
+    stopped = e.stopped
+
+    def boom(*a, **kw):
+        stopped(*a, **kw)
+        raise RuntimeError("bug after the release")
+
+    e.stopped = boom  # StopContainer of an exclusive container fails after the engine released its CPUs
+    c = call("StopContainer")
+    with pytest.raises(RuntimeError):
+        plugin.methods()["StopContainer"].handler(
+            api.StopContainerRequest(pod=g, container=api.Container(id="x1")).SerializeToString(), c)
+    c.run_after()
+    assert e._pool_wake.is_set()  # the pool worker still gives the CPUs back

@@ -475,3 +475,115 @@ def test_controllers_see_start_adopt_stop_once_and_reload_and_never_break_placem
                          ("stopped", cid)]
     assert e.counters()[M.RELAY_CONTROLLER_ERRORS.name] == 1
     assert e.state().exclusive == {} and e.container(cid) is None
+
+
+def test_shared_lifecycles_wake_no_engine_thread_and_exclusive_creates_wake_the_pool_and_a_save(node):
+    """Every wake-up costs the front end's hooks a thread switch: a BestEffort container's whole life (nothing
+    in the pool changes, no control configured) wakes neither the pool worker, the persist thread nor the
+    controllers; its books are saved at the persist thread's next tick. An exclusive create wakes the pool worker
+    and a save at once."""
+    from cri_resmgr.config import Config
+    from cri_resmgr.placement.controllers.manager import ControlManager
+
+    rt, make = node
+    e = make()
+    e.add_controller(ControlManager.from_config(Config()))  # the front ends' default: nothing to enforce
+    e.start()
+    base = e.wakeups()
+    p = rt.run_pod("b", "BestEffort")
+    e.pod_added(p)
+    cid = create(e, rt, p, "app", "BestEffort")
+    start(e, rt, cid)
+    e.stopped(cid)
+    e.removed(cid)
+    e.pod_stopped(p.id)
+    after = e.wakeups()
+    assert {k: after[k] - base[k] for k in ("pool", "persist", "controllers")} == {
+        "pool": 0, "persist": 0, "controllers": 0}
+    wait_for(lambda: e.cache_path.exists() and [q["id"] for q in json.loads(e.cache_path.read_text())["pods"]]
+             == [p.id], timeout=5, what="lazy save")
+    assert e.wakeups()["persist_tick"] > base["persist_tick"]
+    g = rt.run_pod("g", "Guaranteed")
+    e.pod_added(g)
+    create(e, rt, g, "app", "Guaranteed", 1000)
+    w = e.wakeups()
+    assert (w["pool"], w["persist"]) == (after["pool"] + 1, after["persist"] + 1)
+
+
+def test_controls_with_nothing_configured_want_only_containers_that_name_a_class(tmp_path):
+    """The engine skips the controllers thread for containers no controller wants; one naming a class by
+    annotation still reaches it, so that an unknown class is reported as before."""
+    from cri_resmgr.config import Config
+    from cri_resmgr.placement.controllers.manager import ControlManager
+
+    m = ControlManager.from_config(Config())
+    plain = ContainerContext(id="c1", name="app", pod_id="p", pod_name="p", pod_namespace="default", pod_uid="u",
+                             annotations={"other": "x"}, effective={}, qos_class="BestEffort", cgroup_parent="/x",
+                             cgroup_path="/x/c1", cpus="", mems="", kind=Kind.SHARED)
+    assert not m.wants(plain)
+    named = dataclasses.replace(plain, id="c2", annotations={
+        "blockioclass.cri-resource-manager.intel.com/pod": "nonesuch"})
+    assert m.wants(named)
+    m.apply(named)
+    assert m.container_errors("c2")  # reported as an unknown class
+    assert m.wants(dataclasses.replace(named, annotations={}))  # recorded: its stop must reach the controller
+
+
+def test_a_start_in_flight_holds_the_next_exclusive_start_until_its_cgroup_can_be_read(node):
+    """The runtime builds a starting container's cgroup from its spec as it was when the start began, and applies
+    updates made meanwhile to the spec only (containerd 1.6): until the start has returned, the container may come
+    up with any cpuset it had since, so an exclusive start taking one of those CPUs waits (seen on containerd with
+    a start hung in ``runc create``: tests/integration/relay/test_relay_hung_call.py)."""
+    rt, make = node
+    e = make()
+    e.start()
+    be, g = rt.run_pod("be", "BestEffort"), rt.run_pod("g", "Guaranteed")
+    e.pod_added(be)
+    e.pod_added(g)
+    be_id = create(e, rt, be, "app", "BestEffort")
+    spec_at_start = rt.kernel_cpus(be_id)  # what its cgroup will get, whatever the books say later
+    assert e.wait_startable(be_id, 5)  # let through; the runtime has not answered yet
+    gid = create(e, rt, g, "app", "Guaranteed", 1000)
+    g_cpus = e.container(gid).cpu_set
+    wait_for(lambda: not e.container(be_id).cpu_set & g_cpus, what="the books move the starting container")
+    assert not e.wait_startable(gid, 0.5)  # held: the starting container may still come up on that CPU
+    rt.cpuset_file(be_id).write_text(format_cpulist(spec_at_start) + "\n")  # it does
+    rt.set_state(be_id, State.RUNNING)
+    e.started(be_id)
+    assert e.wait_startable(gid, 5)  # once it has been re-pinned
+    assert not rt.kernel_cpus(be_id) & g_cpus
+    assert e.counters()[M.RELAY_START_HOLD_TIMEOUTS.name] == 1  # the 0.5 s wait above
+
+
+def test_one_hung_pool_update_holds_no_other_containers_update(node):
+    """The runtime hangs the update of one shared container: the others leave the new exclusive CPU at once, so
+    the exclusive start waits only for the hung one (bounded)."""
+    rt, make = node
+    e = make(start_hold_seconds=1.0, runtime_timeout_seconds=3.0)
+    e.start()
+    pods = [rt.run_pod(n, "BestEffort") for n in ("x", "b1", "b2")]
+    g = rt.run_pod("g", "Guaranteed")
+    for p in (*pods, g):
+        e.pod_added(p)
+    ids = [create(e, rt, p, "app", "BestEffort") for p in pods]
+    for cid in ids:
+        start(e, rt, cid)
+    hung, release = ids[0], threading.Event()
+    update = rt.update_cpuset
+
+    def hang_one(container_id: str, cpus: str, mems: str, resources: str, timeout: float) -> str:
+        if container_id == hung and not release.wait(timeout):
+            raise RuntimeCallError("UpdateContainerResources: DEADLINE_EXCEEDED")
+        return update(container_id, cpus, mems, resources, timeout)
+
+    rt.update_cpuset = hang_one  # type: ignore[method-assign]
+    try:
+        gid = create(e, rt, g, "app", "Guaranteed", 1000)
+        g_cpus = e.container(gid).cpu_set
+        wait_for(lambda: all(not rt.kernel_cpus(cid) & g_cpus for cid in ids[1:]), timeout=1,
+                 what="the other shared containers off the exclusive CPU while one update hangs")
+        assert rt.kernel_cpus(hung) & g_cpus
+        assert not e.wait_startable(gid)  # only the hung one is in the way: bounded, then fail open
+    finally:
+        release.set()
+    wait_for(lambda: not rt.kernel_cpus(hung) & g_cpus, what="the hung container re-pinned once released")

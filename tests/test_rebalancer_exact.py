@@ -131,3 +131,55 @@ def test_the_planners_placement_starts_the_solver_at_its_own_cost():
     assert enc.constant + float(np.asarray(enc.cost) @ start) == pytest.approx(j_plan, rel=1e-9)
     ex = Encoder(prob, model, factor).solve(60, start=choice)
     assert ex.status == "Optimal" and ex.objective <= j_plan + 1e-6
+
+
+@pytest.mark.parametrize("family,n,seed,budget", [("avx512-mix", 10, 0, 3), ("avx512-mix", 8, 2, 8),
+                                                   ("mixed", 10, 1, 4), ("avx512-mix", 12, 0, 2)])
+def test_products_around_the_current_placement_keep_the_optimum(family, n, seed, budget):
+    """The AVX-512 products written as moves from the current placement (tight LP, budget-bounded McCormick)
+    reach the optimum of the first encoding (McCormick on the whole product, no symmetry rows)."""
+    prob = problem_of(family, n, seed, budget)
+    model = CostModel(prob.cfg)
+    plain = Encoder(prob, model, symmetry=False, products="plain").solve(60)
+    delta = Encoder(prob, model).solve(60)
+    assert plain.status == delta.status == "Optimal"
+    assert delta.objective == pytest.approx(plain.objective, rel=1e-6, abs=1e-6)
+    assert delta.objective == pytest.approx(objective_of(prob, model, delta.rows, delta.choice), rel=1e-6)
+
+
+def _violations(enc: Encoder, col: np.ndarray) -> list[int]:
+    bad = []
+    for r, (idx, vals, lo, hi) in enumerate(enc.constraints):
+        v = float(vals @ col[idx])
+        if v < lo - 1e-7 * (1 + abs(lo)) or v > hi + 1e-7 * (1 + abs(hi)):
+            bad.append(r)
+    return bad
+
+
+def test_a_start_is_brought_into_first_occupant_order_at_the_same_cost():
+    """Every container on the whole pool: moving the first two of them to the last cores of a NUMA node breaks the
+    symmetry rows (the first occupant must take the first of interchangeable siblings); the canonical form of the
+    same placement satisfies every row and costs the same."""
+    prob = problem_of("avx512-mix", 8, 2, 8)
+    model = CostModel(prob.cfg)
+    enc = Encoder(prob, model)
+    for t in model.active_terms(prob):
+        t.encode(enc)
+    assert enc.symmetry_rows > 0
+    cand = prob.cands
+    cores = [c for c in range(cand.n) if cand.size[c] == 2 and prob.need[0] <= 2 and prob.need[1] <= 2]
+    choice = {0: cores[-1], 1: cores[-2]}
+    assert _violations(enc, enc.start_values(choice))  # not in first-occupant order
+    canon = enc.canonical(choice)
+    assert canon != choice
+    col = enc.start_values(canon)
+    assert _violations(enc, col) == []
+    rows = prob.S0.copy()
+    for i, c in choice.items():
+        rows[i] = cand.row(c)
+    crow = prob.S0.copy()
+    for i, c in canon.items():
+        crow[i] = cand.row(c)
+    j = objective_of(prob, model, rows, choice)
+    assert objective_of(prob, model, crow, canon) == pytest.approx(j, rel=1e-9)
+    assert enc.constant + float(np.asarray(enc.cost) @ col) == pytest.approx(j, rel=1e-9)

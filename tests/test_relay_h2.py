@@ -21,7 +21,17 @@ import h2.exceptions
 import hpack
 import pytest
 
-from cri_resmgr.relay.h2proxy import MAX_HEADER_BLOCK, MAX_HELD_MESSAGE, Exchange, Hooks, Mode, Proxy
+from cri_resmgr.relay.h2proxy import (
+    IN_WORKER,
+    MAX_HEADER_BLOCK,
+    MAX_HELD_MESSAGE,
+    Exchange,
+    Hooks,
+    InWorker,
+    Mode,
+    Proxy,
+    RewriteTiming,
+)
 
 REWRITE, OBSERVE, PASS = "/t.S/Rewrite", "/t.S/Observe", "/t.S/Pass"
 HEADER_LIMIT, HELD_LIMIT = 256 << 10, 512 << 10
@@ -41,6 +51,8 @@ class TestHooks(Hooks):
     def __init__(self) -> None:
         self.completed: list[tuple[str, int, bytes]] = []
         self.grow = 1000  # the rewrite appends this many bytes (negative: cuts)
+        self.inline = False  # rewrite on the event loop (rewrite_inline) instead of in a worker
+        self.timed: list[RewriteTiming] = []
 
     def mode(self, method: str) -> Mode:
         return {REWRITE: Mode.REWRITE, OBSERVE: Mode.OBSERVE}.get(method, Mode.PASS)
@@ -48,6 +60,15 @@ class TestHooks(Hooks):
     def rewrite(self, ex: Exchange) -> bytes | None:
         time.sleep(0.01)  # a worker takes a moment: frames keep arriving meanwhile
         return ex.request + b"R" * self.grow if self.grow >= 0 else ex.request[: self.grow]
+
+    def rewrite_inline(self, ex: Exchange) -> bytes | None | InWorker:
+        if not self.inline:
+            return IN_WORKER
+        return ex.request + b"R" * self.grow if self.grow >= 0 else ex.request[: self.grow]
+
+    def rewrite_timed(self, ex: Exchange) -> None:
+        assert ex.timing is not None
+        self.timed.append(ex.timing)
 
     def complete(self, ex: Exchange) -> None:
         self.completed.append((ex.method, ex.code if ex.code is not None else -1, ex.request))
@@ -259,6 +280,27 @@ def test_held_requests_larger_than_the_window_pass_rewritten_and_the_windows_sta
     assert 0 < c.conn.outbound_flow_control_window <= 65535
     assert [m for m, code, _ in hooks.completed] == [REWRITE, REWRITE, REWRITE, OBSERVE]
     assert all(code == 0 for _m, code, _r in hooks.completed) and not up.errors
+
+
+def test_a_rewrite_answered_on_the_event_loop_is_forwarded_in_order_with_exact_windows(proxy):
+    connect, up, hooks, _ = proxy
+    c = connect()
+    hooks.inline = True
+    for size, grow in ((200_000, 1000), (150_000, -40_000), (100, 70_000)):
+        hooks.grow = grow
+        msg = bytes(range(256)) * (size // 256) + b"y" * (size % 256)
+        r = c.call(REWRITE, msg)
+        want = msg + b"R" * grow if grow >= 0 else msg[:grow]
+        assert r.status == 0 and r.message == digest(want)
+        assert up.received[-1] == (REWRITE, want)
+    big = b"q" * 300_000
+    assert c.call(PASS, big).message == digest(big)
+    assert 0 < c.conn.outbound_flow_control_window <= 65535
+    assert len(hooks.timed) == 3 and all(t.started == t.held <= t.returned <= t.forwarded for t in hooks.timed)
+    hooks.inline = False  # and the worker path on the same connection, timed as such
+    assert c.call(REWRITE, b"z" * 1000).status == 0
+    t = hooks.timed[-1]
+    assert t.held < t.started <= t.returned <= t.forwarded and not up.errors
 
 
 def test_padded_data_is_unpadded_for_rewrite_and_forwarded_as_is_otherwise(proxy):

@@ -14,7 +14,7 @@ from cri_resmgr import metrics as M
 from cri_resmgr.config import RelayConfig
 from cri_resmgr.placement.model import Kind, State
 from cri_resmgr.relay.core import RT, CallContext, CriFrontEnd
-from cri_resmgr.relay.h2proxy import Exchange, Mode, Reject, status
+from cri_resmgr.relay.h2proxy import IN_WORKER, Exchange, Mode, Reject, status
 from cri_resmgr.sysfs import parse_cpulist
 
 from .test_placement_engine import node  # noqa: F401 (fixture)
@@ -130,3 +130,24 @@ def test_resize_keeps_the_cpuset_and_list_observation_releases_exits(fe):
         assert time.monotonic() < deadline
         time.sleep(0.01)
     assert front.engine.state().exclusive == {}
+
+
+def test_create_is_placed_on_the_event_loop_unless_it_must_ask_the_runtime(fe):
+    front, rt = fe
+    pod = run_pod(front, rt, "g", "Guaranteed")
+    ex = exchange("CreateContainer", create_request(pod, "app", 1000))
+    out = front.rewrite_inline(ex)  # the event loop's first try: placed there
+    assert isinstance(out, bytes) and isinstance(ex.context, CallContext)
+    cpus = pb.CreateContainerRequest.FromString(out).config.linux.resources.cpuset_cpus
+    cid = rt.create(rt.pods["pod-g"], "app", cpus)  # the runtime has it (asked about exits, it says created)
+    finish(front, ex, response=pb.CreateContainerResponse(container_id=cid))
+    assert front.engine.state().exclusive == {cid: cpus}
+    # 3 more CPUs do not fit (the pool keeps one): the loop must not wait for the runtime's answer about exits,
+    # so the create goes to a worker, with nothing reserved meanwhile; there it is refused by name
+    big = exchange("CreateContainer", create_request(pod, "big", 3000))
+    assert front.rewrite_inline(big) is IN_WORKER
+    assert big.context is None and front.engine.state().pending == 0
+    out = front.rewrite(big)
+    assert isinstance(out, Reject) and "insufficient CPUs" in out.message
+    # methods that wait (a start held until its CPUs are free) always go to a worker
+    assert front.rewrite_inline(exchange("StartContainer", pb.StartContainerRequest(container_id=cid))) is IN_WORKER

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..store import Sample
+from ..store import Columns, Sample
 
 
 @dataclass(frozen=True)
@@ -39,6 +39,11 @@ class Collector:
 
     def collect(self, now: float) -> list[Sample]:
         raise NotImplementedError
+
+    def collect_row(self, now: float) -> list[Sample] | Columns:
+        """What the agent stores: :meth:`collect`'s samples, or the same row as :class:`Columns` from a
+        collector of many series that keeps its series list between runs (see ``Store.append_columns``)."""
+        return self.collect(now)
 
     def status(self) -> str | None:
         """What the last successful collect() found worth saying (whom it skipped, what failed); the agent

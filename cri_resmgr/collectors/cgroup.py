@@ -45,9 +45,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import NamedTuple
 
+import numpy as np
+
 from .. import metrics as M
 from ..config import CgroupCollectorConfig
-from ..store import Sample
+from ..store import Columns, Sample
 from ..sysfs import parse_cpulist
 from .base import Collector, CollectorUnavailable, Probe
 from .discovery import MAX_DEPTH, ContainerDiscovery
@@ -129,6 +131,19 @@ def parse_pressure(text: str | bytes) -> Pressure:
     return Pressure(out.get(b"some"), out.get(b"full"))
 
 
+def _psi_totals(buf: bytes) -> tuple[float | None, float | None]:
+    """(some, full) totals of a PSI file in seconds: :func:`parse_pressure` without its objects, for the
+    kernel's own layout (psi_show: ``some ... total=N\nfull ... total=N\n``); anything else goes there."""
+    parts = buf.split(b"total=")
+    if len(parts) == 3 and buf.startswith(b"some ") and b"\nfull " in parts[1]:
+        try:
+            return int(parts[1].split(b"\n", 1)[0]) / 1e6, int(parts[2]) / 1e6
+        except ValueError:
+            pass
+    p = parse_pressure(buf)
+    return p.some_seconds, p.full_seconds
+
+
 class ContainerStats(NamedTuple):
     """One read of a container (a NamedTuple: one is made per container per cycle)."""
 
@@ -139,7 +154,15 @@ class ContainerStats(NamedTuple):
     memory_usage_bytes: int | None = None
     memory_working_set_bytes: int | None = None
     cpuset: frozenset[int] | None = None
-    pressure: tuple[tuple[str, Pressure], ...] = ()  # (resource, totals) for cpu, memory, io
+    # PSI totals in seconds: (some, full) of cpu, memory and io, in that order (None: not read); () when off
+    psi_seconds: tuple[float | None, ...] = ()
+
+    @property
+    def pressure(self) -> tuple[tuple[str, Pressure], ...]:
+        """(resource, totals) for each pressure file that was read."""
+        p = self.psi_seconds
+        return tuple((res, Pressure(p[2 * i], p[2 * i + 1])) for i, res in enumerate(PRESSURE_RESOURCES)
+                     if len(p) > 2 * i and (p[2 * i] is not None or p[2 * i + 1] is not None))
 
 
 class ContainerInfo(NamedTuple):
@@ -208,23 +231,68 @@ class _Gone(Exception):
     """The cgroup was removed (ENODEV/ENOENT on a kept descriptor)."""
 
 
-class OpenFiles:
-    """A container's cgroup files, opened once and re-read with pread at offset 0."""
+# A file that could not be opened is tried again after 1, 2, 4, ... reads skipped, at most this many: a
+# file missing for good (PSI off, a controller not mounted, cgroup.threads on v1) costs no open(2) per
+# cycle, and one that appears late (runc makes a container's directory in one hierarchy after another)
+# is picked up within a few cycles.
+ABSENT_RETRY_MAX = 64
 
-    __slots__ = ("fds",)
+
+class OpenFiles:
+    """A container's cgroup files, opened once and re-read with pread at offset 0; files that do not exist
+    are remembered (and tried again now and then, see ABSENT_RETRY_MAX)."""
+
+    __slots__ = ("fds", "absent", "_all")
 
     def __init__(self) -> None:
         self.fds: dict[str, int] = {}
+        self.absent: dict[str, list[int]] = {}  # path -> [reads still to skip, skips after the next failure]
+        # read_all's paths when all are open: (paths, their descriptors, positions of those when some path is "")
+        self._all: tuple[tuple[str, ...], list[int], list[int] | None] | None = None
+
+    def read_all(self, paths: tuple[str, ...]) -> list[bytes | None]:
+        """:meth:`read` of each of ``paths`` ("" gives None). When every one of them is open, this is one pread
+        per file and nothing else (the common cycle); raises _Gone like :meth:`read`."""
+        vec = self._all
+        if vec is not None and vec[0] is paths:
+            try:
+                got = [os.pread(fd, READ_SIZE, 0) for fd in vec[1]]
+            except OSError:
+                got = None  # read() below finds which one failed, and how
+            if got is not None and max(map(len, got), default=0) < READ_SIZE:  # else read() reads the rest
+                if vec[2] is None:
+                    return got  # type: ignore[return-value]
+                out: list[bytes | None] = [None] * len(paths)
+                for i, b in zip(vec[2], got, strict=True):
+                    out[i] = b
+                return out
+        bufs = [self.read(p) if p else None for p in paths]
+        if all(b is not None for b, p in zip(bufs, paths, strict=True) if p):
+            where = [i for i, p in enumerate(paths) if p]
+            self._all = (paths, [self.fds[paths[i]] for i in where], None if len(where) == len(paths) else where)
+        else:
+            self._all = None
+        return bufs
 
     def read(self, path: str) -> bytes | None:
         """The file's whole text as bytes; None when it does not exist (a controller not mounted, an
         older kernel); raises _Gone when a descriptor that worked reports its cgroup removed."""
         fd = self.fds.get(path)
         if fd is None:
+            miss = self.absent.get(path)
+            if miss is not None and miss[0] > 0:
+                miss[0] -= 1
+                return None
             try:
                 fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
             except OSError:
+                if miss is None:
+                    self.absent[path] = [1, 2]
+                else:
+                    miss[0], miss[1] = miss[1], min(2 * miss[1], ABSENT_RETRY_MAX)
                 return None
+            if miss is not None:
+                del self.absent[path]
             self.fds[path] = fd
         try:
             b = os.pread(fd, READ_SIZE, 0)
@@ -244,6 +312,8 @@ class OpenFiles:
             with contextlib.suppress(OSError):
                 os.close(fd)
         self.fds.clear()
+        self.absent.clear()
+        self._all = None
 
 
 def _paths(layout: CgroupLayout, rel: str, pressure: bool) -> tuple[str, ...]:
@@ -268,11 +338,15 @@ def _read_one(files: OpenFiles, layout: CgroupLayout, paths: tuple[str, ...]) ->
     """Read and parse one container; None when its cgroup has gone."""
     r = files.read
     try:
-        bufs = [r(p) if p else None for p in paths]
+        bufs = files.read_all(paths)
     except _Gone:
         return None
-    pressure = tuple((res, parse_pressure(b)) for res, b in zip(PRESSURE_RESOURCES, bufs[5:], strict=False)
-                     if b is not None)
+    pressure: tuple[float | None, ...] = ()
+    if len(bufs) > 5:
+        psi: list[float | None] = []
+        for b in bufs[5:]:
+            psi += _psi_totals(b) if b is not None else (None, None)
+        pressure = tuple(psi)
     if layout.version == 2:
         if bufs[0] is None:
             return None
@@ -302,7 +376,7 @@ def _read_one(files: OpenFiles, layout: CgroupLayout, paths: tuple[str, ...]) ->
 
 def _stats(usage_seconds: float | None, cpu: dict[bytes, int], throttled_key: bytes, throttled_unit: float,
            mem_usage: int | None, inactive: int | None, cpuset: frozenset[int] | None,
-           pressure: tuple[tuple[str, Pressure], ...]) -> ContainerStats:
+           pressure: tuple[float | None, ...]) -> ContainerStats:
     return ContainerStats(
         cpu_usage_seconds=usage_seconds,
         cfs_periods=cpu.get(b"nr_periods"),
@@ -312,7 +386,7 @@ def _stats(usage_seconds: float | None, cpu: dict[bytes, int], throttled_key: by
         memory_working_set_bytes=(max(0, mem_usage - inactive) if mem_usage is not None and inactive is not None
                                   else mem_usage),
         cpuset=cpuset,
-        pressure=pressure,
+        psi_seconds=pressure,
     )
 
 
@@ -349,13 +423,14 @@ class _Tracked:
     labels: dict[str, str]
     paths: tuple[str, ...]
     files: OpenFiles = field(default_factory=OpenFiles)
-    psi_labels: dict[tuple[str, str], dict[str, str]] = field(default_factory=dict)
+    keys: list[tuple[str, dict[str, str]]] = field(default_factory=list)  # its series, in _row's slot order
 
-    def labels_for_psi(self, res: str, kind: str) -> dict[str, str]:
-        lab = self.psi_labels.get((res, kind))
-        if lab is None:
-            lab = self.psi_labels[(res, kind)] = {**self.labels, "resource": res, "kind": kind}
-        return lab
+    def __post_init__(self) -> None:
+        lab = self.labels
+        self.keys = [(m, lab) for m in _STAT_METRICS] + [(_CPUSET, lab)]
+        if len(self.paths) > 5:  # the pressure files: some and full of each resource
+            self.keys += [(_PSI, {**lab, "resource": res, "kind": kind})
+                          for res in PRESSURE_RESOURCES for kind in ("some", "full")]
 
 
 def raise_nofile(want: int) -> int:
@@ -404,6 +479,8 @@ class CgroupCollector(Collector):
         self._lock = threading.Lock()
         self.kept_open_limit = 0  # descriptors this collector may keep open (0: not computed yet)
         self._named_cache: tuple[object, dict[ContainerIdentity, ContainerIdentity]] = (None, {})
+        self._row_order: list[_Tracked] = []  # the containers of the last row, in order
+        self._row_keys: list[tuple[str, dict[str, str]]] = []  # and their series (Columns.keys)
 
     def reconfigure(self, cfg: CgroupCollectorConfig) -> None:
         """A new runtime socket or refresh interval replaces the runtime-names client; the rest is read per run."""
@@ -481,6 +558,11 @@ class CgroupCollector(Collector):
         return sum(len(t.files.fds) for t in self._tracked.values())
 
     def collect(self, now: float) -> list[Sample]:
+        return self.collect_row(now).samples()
+
+    def collect_row(self, now: float) -> Columns:
+        """Every container's series as one row of :class:`Columns`: the keys list is kept while the containers
+        stay the same, so the store resolves series only on change."""
         layout = detect_layout(self.cgroup_root)
         if layout is None:
             raise CollectorUnavailable(f"no cgroup hierarchy with CPU accounting under {self.cgroup_root}")
@@ -491,44 +573,45 @@ class CgroupCollector(Collector):
         pressure = self.cfg.pressure
         if not self.kept_open_limit:
             self.kept_open_limit = max(0, raise_nofile(1 << 20) - FD_HEADROOM)
-        samples: list[Sample] = []
+        values: list[float | None] = []  # None: not read (NaN in the row)
+        order: list[_Tracked] = []
         seen: dict[str, ContainerInfo] = {}
         tracked = self._tracked
         live: set[str] = set()
         held = 0  # descriptors kept by the containers read so far in this cycle
+        limit = self.kept_open_limit
+        want_psi = pressure and layout.unified is not None
         for ident in self.identities(layout):
             cid = ident.container_id
             live.add(cid)
             t = tracked.get(cid)
-            if t is None or t.ident != ident or (len(t.paths) > 5) != (pressure and layout.unified is not None):
+            if t is None or t.ident != ident or (len(t.paths) > 5) != want_psi:
                 if t is not None:
                     t.files.close()
                 t = tracked[cid] = _Tracked(ident, ident.labels(), _paths(layout, ident.cgroup_path, pressure))
-            st = _read_one(t.files, layout, t.paths)
-            if held + len(t.files.fds) > self.kept_open_limit:
-                t.files.close()  # beyond the descriptor limit: this one is opened and closed every cycle
-            held += len(t.files.fds)
+            files = t.files
+            st = _read_one(files, layout, t.paths)
+            if held + len(files.fds) > limit:
+                files.close()  # beyond the descriptor limit: this one is opened and closed every cycle
+            held += len(files.fds)
             if st is None:
-                t.files.close()
+                files.close()
                 del tracked[cid]
                 continue
             seen[cid] = ContainerInfo(ident, st, now)
-            lab = t.labels
-            for name, v in zip(_STAT_METRICS, st[:6], strict=True):
-                if v is not None:
-                    samples.append(Sample(name, lab, float(v)))
-            if st.cpuset is not None:
-                # the count only: a label listing the CPUs would make a new series at every cpuset change
-                samples.append(Sample(_CPUSET, lab, float(len(st.cpuset))))
-            for res, p in st.pressure:
-                if p.some_seconds is not None:
-                    samples.append(Sample(_PSI, t.labels_for_psi(res, "some"), p.some_seconds))
-                if p.full_seconds is not None:
-                    samples.append(Sample(_PSI, t.labels_for_psi(res, "full"), p.full_seconds))
+            order.append(t)
+            values.extend(st[:6])
+            # the cpuset's size only: a label listing the CPUs would make a new series at every cpuset change
+            values.append(len(st.cpuset) if st.cpuset is not None else None)
+            if len(t.keys) > 7:
+                values.extend(st.psi_seconds)
         for cid in [c for c in tracked if c not in live]:
             tracked.pop(cid).files.close()
         self.containers = seen
-        return samples
+        if len(order) != len(self._row_order) or any(a is not b for a, b in zip(order, self._row_order, strict=True)):
+            self._row_order = order
+            self._row_keys = [k for t in order for k in t.keys]  # a new list: the store re-resolves (cheaply)
+        return Columns(self._row_keys, np.array(values, dtype=np.float64))
 
     def cpusets(self) -> dict[str, frozenset[int]]:
         """Container id -> effective cpuset, as the last :meth:`collect` read it (the CPU lists are not in

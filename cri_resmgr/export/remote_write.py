@@ -35,9 +35,9 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import cramjam
-import httpx
 import numpy as np
 
 from .. import __version__
@@ -47,6 +47,9 @@ from ..store import Store
 from ..supervise import LoopStatus, start_supervised
 from .exposition import DirectSample
 from .prompb import remote_pb2 as pb
+
+if TYPE_CHECKING:
+    import httpx
 
 log = logging.getLogger(__name__)
 
@@ -273,6 +276,8 @@ class RemoteWriter:
         return write_request(series, metadata)
 
     def _http(self, cfg: RemoteWriteConfig) -> httpx.Client:
+        import httpx  # on first use: with rich (its CLI) it is ~15 MB of RSS an agent without remote_write never needs
+
         key = (cfg.timeout_seconds, str(cfg.tls_ca_file))
         if self._client is None or self._client_cfg != key:
             if self._client:
@@ -299,6 +304,8 @@ class RemoteWriter:
                 raise RetryableError(f"cannot read bearer_token_file {cfg.bearer_token_file}: {e.strerror}") from None
             headers["Authorization"] = "Bearer " + token
             secrets.append(token)
+        import httpx
+
         # User information in the URL becomes basic authentication here, and the URL sent (which httpx logs)
         # goes without it.
         url = httpx.URL(cfg.url)

@@ -8,7 +8,8 @@ engine). What this module adds is NRI's shape of things:
   because NRI, unlike CRI, has no call to list containers; it is the engine's ``snapshot()``;
 - CreateContainer answers with the cpuset as an adjustment and, when the new container takes CPUs exclusively,
   updates for the shared containers still on them, so the runtime applies both before the container starts;
-- StopContainer answers with updates that give the freed CPUs back to the shared containers;
+- CPUs a stopped container frees go back to the shared containers through ``UpdateContainers`` (the engine's
+  pool worker, after the stop is answered), off the stop's path;
 - everything else the engine wants changed later (pool changes, moves, repairs) goes through
   ``Runtime.UpdateContainers`` (:class:`NriPort`).
 
@@ -31,7 +32,7 @@ from ..sysfs import parse_cpulist
 from . import convert
 from .connection import Connection
 from .proto import nri_pb2 as api
-from .ttrpc import Call, Code, Method, RpcError
+from .ttrpc import Call, Code, Handler, Method, RpcError
 
 log = logging.getLogger(__name__)
 
@@ -185,10 +186,10 @@ class Plugin:
             "Configure": Method(self.configure, inline=True),  # an error here is answered: registration fails
             "Synchronize": Method(self.synchronize, EMPTY),
             "Shutdown": Method(self.shutdown, EMPTY, inline=True),
-            "CreateContainer": Method(self.create_container, EMPTY, inline=True),
-            "UpdateContainer": Method(self.update_container, EMPTY, inline=True),
-            "StopContainer": Method(self.stop_container, EMPTY, inline=True),
-            "StateChange": Method(self.state_change, EMPTY, inline=True),
+            "CreateContainer": Method(self._deferred(self.create_container), EMPTY, inline=True),
+            "UpdateContainer": Method(self._deferred(self.update_container), EMPTY, inline=True),
+            "StopContainer": Method(self._deferred(self.stop_container), EMPTY, inline=True),
+            "StateChange": Method(self._deferred(self.state_change), EMPTY, inline=True),
             "RunPodSandbox": self._event(api.RunPodSandboxRequest, self._run_pod),
             "StopPodSandbox": self._event(api.StopPodSandboxRequest, self._stop_pod),
             "RemovePodSandbox": self._event(api.RemovePodSandboxRequest, self._remove_pod),
@@ -291,12 +292,12 @@ class Plugin:
         cid = req.container.id
         if not call.commit():
             return EMPTY
-        before = self.engine.container(cid)
         self.view.set_state(cid, State.EXITED)
+        # CPUs it held exclusively go back to the shared containers through the engine's pool worker
+        # (UpdateContainers, once this answer is sent), not in this answer: the runtime applies an answer's
+        # updates (a runc update each) before the stop returns, and nothing needs to wait for a pool to grow.
         self.engine.stopped(cid, "stopped (NRI StopContainer)")
-        if before is None or before.placement != Kind.EXCLUSIVE or not before.live:
-            return EMPTY  # nothing freed for the others
-        return api.StopContainerResponse(update=self._pool_updates(exclude=cid)).SerializeToString()
+        return EMPTY
 
     def state_change(self, raw: bytes, call: Call) -> bytes:
         """NRI 0.6 (containerd 1.7) relays the events without an answer of their own through StateChange."""
@@ -316,7 +317,20 @@ class Plugin:
                 fn(req.pod, req.container if isinstance(req, _CONTAINER_EVENTS) else api.Container())
             return EMPTY
 
-        return Method(handle, EMPTY, inline=True)
+        return Method(self._deferred(handle), EMPTY, inline=True)
+
+    def _deferred(self, handler: Handler) -> Handler:
+        """The engine's thread wake-ups that a hook causes (save, pool worker, controllers) run once its answer
+        is sent: woken earlier, those threads compete with the hook for the interpreter."""
+
+        def run(raw: bytes, call: Call) -> bytes:
+            with self.engine.deferring() as wake:
+                try:
+                    return handler(raw, call)
+                finally:
+                    call.after(wake)
+
+        return run
 
     def _run_pod(self, pod: api.PodSandbox, _ctr: api.Container) -> None:
         self.view.pod(pod)
@@ -342,17 +356,19 @@ class Plugin:
     # -- helpers ------------------------------------------------------------------------------------
     def _pool_updates(self, exclude: str) -> list[api.ContainerUpdate]:
         """Updates that put every created or running shared, pinned and reserved container where the engine's pool
-        says (the engine's pool worker applies and records the same through UpdateContainers once the hook is over;
-        here the runtime gets them with the answer it is waiting for). Sent even where the engine's books say a
-        container is there already: the books catch up with an answer's updates only when the pool worker has
-        applied them too."""
+        says: the runtime gets them with the answer it is waiting for and applies them before it goes on, and the
+        engine's books take them (``pool_delivered``), so the pool worker does not send them again. Sent also where
+        the books say a container is there already (they may be behind an update the pool worker is making)."""
         out = []
+        delivered = []
         for cid, cpus, mems, _ in self.engine.pool_targets(changed_only=False):
             if cid == exclude or self.view.states.get(cid) not in _HOLDING:
                 continue
             upd = convert.cpuset_update(cid, cpus, mems, self.view.blob(cid))
             self.view.set_resources(cid, upd.linux.resources)
             out.append(upd)
+            delivered.append((cid, cpus, mems, convert.blob_of(upd.linux.resources)))
+        self.engine.pool_delivered(delivered)
         return out
 
 

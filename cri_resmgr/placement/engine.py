@@ -29,7 +29,9 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,13 +45,14 @@ from .api import ContainerView, InvariantView, MoveRecord, RelayState, ThreadVie
 from .context import ContainerContext, Controller
 from .estimate import Resources, estimate_resources, qos_from_cgroup_parent
 from .invariants import InvariantReport, KernelCpusets, Rule, check
-from .model import Cache, Container, Kind, Pod, State
+from .model import Cache, Container, Kind, Pod, State, cpu_set_of
 from .persist import load_cache, write_whole
 from .runtime import ContainerRecord, PodRecord, RuntimeCallError, RuntimePort, RuntimeSnapshot
 
 log = logging.getLogger(__name__)
 
 MOVES_FILE = "relay-moves.jsonl"
+POOL_UPDATE_WORKERS = 8  # concurrent pool updates: a runtime call that hangs holds one, not the others
 PERSIST_COALESCE_SECONDS = 0.2
 
 # Counters (metric names defined in cri_resmgr/metrics.py)
@@ -174,6 +177,10 @@ class Engine:
         self._force: set[str] = set()  # containers the pool worker updates whatever the books say
         self._pod_prefixed: dict[str, dict[str, str]] = {}  # pod id -> its cri-resmgr.io/* annotations
         self._starting: set[str] = set()  # starts let through whose answer has not come back: treated as running
+        # Every cpuset the books gave a starting container since its start was let through: the runtime builds
+        # its cgroup from the spec as it is then, and applies later updates to the spec only (containerd 1.6
+        # UpdateContainerResources on a container not yet running), so it may come up with any of them.
+        self._start_cpus: dict[str, frozenset[int]] = {}
         self._tokens = itertools.count(1)
         self._moves: deque[MoveRecord] = deque(maxlen=1000)
         self._controllers: list[Controller] = []
@@ -183,7 +190,12 @@ class Engine:
         self._ctl_done = 0
         self._ctl_released: set[str] = set()  # ids whose controllers.stopped ran
         self._pool_wake = threading.Event()
-        self._dirty = threading.Event()
+        self._dirty = threading.Event()  # a change to save now (wakes the persist thread)
+        self._lazy_dirty = False  # a change the runtime can tell again: saved at the persist thread's next tick
+        self._deferring = threading.local()  # .wakes: wake-ups a front end runs once its answer is sent
+        # wake-ups the engine's threads got, by cause (pool: apply_pool runs; persist: saves on demand, persist_tick:
+        # lazy saves; controllers: controller calls queued), for tests and benchmarks
+        self._wakeups: dict[str, int] = dict.fromkeys(("pool", "persist", "persist_tick", "controllers"), 0)
         self._stop = threading.Event()
         self._reconcile_now = threading.Event()
         self._threads: dict[str, _Supervised] = {}
@@ -201,11 +213,58 @@ class Engine:
         with self._lock:
             return dict(self._counters)
 
+    def wakeups(self) -> dict[str, int]:
+        """How often each of the engine's threads was asked to run (see ``_wakeups``)."""
+        with self._lock:
+            return dict(self._wakeups)
+
+    # -- waking the engine's threads ----------------------------------------------------------------
+    # Every wake-up costs the interpreter a thread switch (and the woken thread then competes with the caller for
+    # it), so threads are woken only when they have something to do, and a front end may run the wake-ups of a
+    # runtime hook once its answer is on its way (:meth:`deferring`).
+    def _wake(self, kind: str, fn: Callable[[], None]) -> None:
+        with self._lock:
+            self._wakeups[kind] += 1
+        pending: list[Callable[[], None]] | None = getattr(self._deferring, "wakes", None)
+        if pending is None:
+            fn()
+        else:
+            pending.append(fn)
+
+    def _wake_pool(self) -> None:
+        """The shared pool (or what a container should have of it) changed: the pool worker applies it."""
+        self._wake("pool", self._pool_wake.set)
+
+    def _save_soon(self) -> None:
+        """A change worth saving at once (exclusive CPUs taken, a resize, a move, a repair)."""
+        self._wake("persist", self._dirty.set)
+
+    def _note_changed(self) -> None:
+        """A change the runtime can tell the engine again after a restart (pods, container states, released
+        CPUs, the pool's cpusets): saved at the persist thread's next tick (<= 1 s), no wake-up."""
+        self._lazy_dirty = True
+
+    @contextmanager
+    def deferring(self) -> Iterator[Callable[[], None]]:
+        """Collect the wake-ups that engine calls on this thread cause, in order; the context's value runs them.
+        The caller must run it, also when the calls fail: once the runtime's answer is sent, or at once."""
+        wakes: list[Callable[[], None]] = []
+        self._deferring.wakes = wakes
+
+        def run() -> None:
+            while wakes:
+                wakes.pop(0)()
+
+        try:
+            yield run
+        finally:
+            self._deferring.wakes = None
+
     # -- the books ----------------------------------------------------------------------------------
     def _taken(self, skip: str | None = None) -> Taken:
         avx: set[int] = set()
         other: set[int] = set()
-        for c in itertools.chain(self.cache.containers.values(), (r.container for r in self._pending.values())):
+        for c in itertools.chain(self.cache.containers.exclusive(), (r.container for r in self._pending.values())):
             if c.placement == Kind.EXCLUSIVE and c.live and (skip is None or c.id != skip):
                 (avx if c.avx512 else other).update(c.cpu_set)
         return Taken(frozenset(avx), frozenset(other))
@@ -222,18 +281,11 @@ class Engine:
 
     def _cpus_of(self, namespace: str, pod_id: str, spec: str | None) -> frozenset[int]:
         """CPUs of the containers an (anti-)affinity annotation names: ``name`` (same pod) or ``pod/name``.
-        One pass over the containers whatever the number of names."""
+        From the table's name index (no walk over every container), remembered until one of them changes."""
         if not spec:
             return frozenset()
-        wanted = A.container_refs(spec)
-        texts: set[str] = set()  # shared containers hold the same cpulist: parse each one once
-        for c in self.cache.containers.values():
-            pods = wanted.get(c.name)
-            if pods is None or not c.live or c.namespace != namespace:
-                continue
-            if c.pod_name in pods or ("" in pods and c.pod_id == pod_id):
-                texts.add(c.cpus)
-        return frozenset().union(*(parse_cpulist(t) for t in texts if t))
+        texts = self.cache.containers.cpus_named(namespace, pod_id, A.container_refs(spec))
+        return frozenset().union(*(cpu_set_of(t) for t in texts if t))
 
     def _choose(self, c: Container, whole: int) -> tuple[Placement, Kind]:
         taken = self._taken()
@@ -248,8 +300,10 @@ class Engine:
         return self.alloc.shared_placement(taken.all), Kind.SHARED
 
     # -- create -------------------------------------------------------------------------------------
-    def place(self, req: ContainerRequest) -> Reservation:
-        """Choose CPUs for a container about to be created and reserve them. Raises InsufficientCpus."""
+    def place(self, req: ContainerRequest, refresh_exits: bool = True) -> Reservation:
+        """Choose CPUs for a container about to be created and reserve them. Raises InsufficientCpus (with
+        ``refresh_exits`` only after asking the runtime whether exclusive holders have exited meanwhile;
+        without it, the caller never waits on the runtime)."""
         with self._lock:
             pod = self.cache.pods.get(req.pod_id)
             parent = req.cgroup_parent or (pod.cgroup_parent if pod else "")
@@ -269,7 +323,7 @@ class Engine:
                 refused = e
         # A container that has just crashed or been OOM-killed may still hold CPUs in the books (kubelet
         # re-creates it as soon as it sees the exit): ask the runtime once (outside the lock), then retry.
-        if refused is not None and not self._refresh_exits():
+        if refused is not None and (not refresh_exits or not self._refresh_exits()):
             raise refused
         with self._lock:
             if refused is not None:
@@ -317,6 +371,7 @@ class Engine:
         with self._lock:
             if self._pending.pop(r.token, None) is None:
                 return
+            pool_changed = True  # a resize or an exclusive create: shared containers leave the CPUs taken
             if r.resize_of:
                 c = self.cache.containers.get(r.resize_of)
                 if c is None:
@@ -332,18 +387,24 @@ class Engine:
                 c.id, c.state, c.resources = container_id, State.CREATED, resources_blob
                 self.cache.containers[c.id] = c
                 created = self._context(c)
+                if c.placement != Kind.EXCLUSIVE:
+                    # The pool is unchanged, unless an exclusive reservation came or went since place().
+                    pool_changed = self._desired(c, self._pool()) != c.cpu_set
             self._changed.notify_all()
         if defer is None:
-            self._committed(created)
+            self._committed(created, pool_changed)
         else:
-            defer(lambda: self._committed(created))
+            defer(lambda: self._committed(created, pool_changed))
 
-    def _committed(self, created: ContainerContext | None) -> None:
-        self._dirty.set()
-        # The shared containers leave newly taken exclusive CPUs (not at place(): moving them during the create
-        # slowed the runtime's create, and a failed create moved them for nothing; the start waits for them),
-        # and a shared create that raced an exclusive one gets the new pool.
-        self._pool_wake.set()
+    def _committed(self, created: ContainerContext | None, pool_changed: bool = True) -> None:
+        if pool_changed:
+            self._save_soon()
+            # The shared containers leave newly taken exclusive CPUs (not at place(): moving them during the
+            # create slowed the runtime's create, and a failed create moved them for nothing; the start waits
+            # for them), and a shared create that raced an exclusive one gets the new pool.
+            self._wake_pool()
+        else:
+            self._note_changed()  # a shared create: Synchronize or a reconcile finds it again after a crash
         if created is not None:
             self._controller_call("created", [created])
 
@@ -371,8 +432,8 @@ class Engine:
             self._changed.notify_all()
         log.warning("rewrite of %s failed: cache rolled back to what the runtime applied (%s)",
                     container_id or r.resize_of, cpus_applied or "all CPUs")
-        self._dirty.set()
-        self._pool_wake.set()
+        self._save_soon()
+        self._wake_pool()
 
     def abort(self, r: Reservation) -> None:
         """The create or resize did not happen: the reserved CPUs return."""
@@ -380,7 +441,7 @@ class Engine:
             gone = self._pending.pop(r.token, None)
             self._changed.notify_all()
         if gone is not None and r.kind == Kind.EXCLUSIVE:
-            self._pool_wake.set()
+            self._wake_pool()
 
     # -- resize -------------------------------------------------------------------------------------
     def resize(self, container_id: str, res: Resources) -> Reservation | None:
@@ -417,7 +478,10 @@ class Engine:
 
     # -- lifecycle events ---------------------------------------------------------------------------
     def _held(self, c: Container) -> frozenset[int]:
-        return c.cpu_set or self.alloc.online  # no cpuset: every CPU
+        held = c.cpu_set or self.alloc.online  # no cpuset: every CPU
+        if c.state == State.CREATED and c.id in self._starting:
+            held |= self._start_cpus.get(c.id, frozenset())
+        return held
 
     def _runs(self, c: Container) -> bool:
         """Running, or may be: its start has been let through."""
@@ -476,24 +540,27 @@ class Engine:
         with self._lock:
             if container_id in self.cache.containers:
                 self._starting.add(container_id)  # from here on it may run, whatever the books say
+                self._start_cpus[container_id] = self._held(self.cache.containers[container_id])
         return ok
 
     def started(self, container_id: str) -> None:
         with self._lock:
             c = self.cache.containers.get(container_id)
             self._starting.discard(container_id)
+            self._start_cpus.pop(container_id, None)  # from here on its cgroup is read (_kernel_conflicts)
             if c is None or c.state == State.RUNNING:
                 return
             c.state = State.RUNNING
-            self._starting.discard(container_id)
             ctx = self._context(c)
-            if c.placement != Kind.EXCLUSIVE:
-                got = self.kernel.read(c.cgroup_path)
-                if got is not None and c.cpu_set and got != c.cpu_set:
+            check = c.placement != Kind.EXCLUSIVE and bool(c.cpu_set)
+        if check:  # the kernel's file is read without the books' lock (a hook may be waiting for it)
+            got = self.kernel.read(ctx.cgroup_path)
+            with self._lock:
+                if got is not None and got != c.cpu_set and c.live and c.placement != Kind.EXCLUSIVE:
                     # an update raced the start and reached only the spec: apply the books again
                     self._force.add(c.id)
-                    self._pool_wake.set()
-        self._dirty.set()
+                    self._wake_pool()
+        self._note_changed()
         self._controller_call("started", [ctx])
 
     def stopped(self, container_id: str, why: str = "stopped") -> None:
@@ -515,6 +582,7 @@ class Engine:
         with self._lock:
             c = self.cache.containers.pop(container_id, None)
             self._starting.discard(container_id)
+            self._start_cpus.pop(container_id, None)
         if c is not None:
             self._released([c], "removed", was_live=c.live)
             with self._lock:
@@ -533,9 +601,9 @@ class Engine:
                     self._ctl_released.add(c.id)
                     contexts.append(self._context(c))
             self._changed.notify_all()
-        self._dirty.set()
+        self._note_changed()
         if any(c.placement == Kind.EXCLUSIVE for c in ctrs):
-            self._pool_wake.set()
+            self._wake_pool()
         if contexts:
             self._controller_call("stopped", contexts)
 
@@ -543,7 +611,7 @@ class Engine:
         with self._lock:
             self.cache.pods[p.id] = self._pod(p)
             self._pod_prefixed.pop(p.id, None)
-        self._dirty.set()
+        self._note_changed()
 
     def pod_stopped(self, pod_id: str) -> None:
         with self._lock:
@@ -552,7 +620,7 @@ class Engine:
                 pod.state = "notready"
             ids = [c.id for c in self.cache.containers.values() if c.pod_id == pod_id]
         self.exited_seen(ids, "pod stopped")  # the runtime stops every container of a stopped sandbox
-        self._dirty.set()
+        self._note_changed()
 
     def pod_removed(self, pod_id: str) -> None:
         with self._lock:
@@ -561,7 +629,7 @@ class Engine:
             self.removed(cid)
         with self._lock:
             self.cache.pods.pop(pod_id, None)
-        self._dirty.set()
+        self._note_changed()
 
     def _pod_keys(self, pod: Pod) -> dict[str, str]:
         """A pod's cri-resmgr.io/* annotations, computed once per pod (a pod may carry thousands of others)."""
@@ -582,9 +650,13 @@ class Engine:
         return ContainerContext.of(c, self.cache.pods.get(c.pod_id))
 
     # -- the shared pool (its own thread) -----------------------------------------------------------
-    def apply_pool(self) -> int:
-        """Bring every live non-exclusive container's cpuset in line with the pool. Returns updates made."""
+    def apply_pool(self, concurrent: bool = False) -> int:
+        """Bring every live non-exclusive container's cpuset in line with the pool. Returns updates made.
+        ``concurrent``: the updates in worker threads, so that one the runtime hangs (each has the runtime
+        deadline) does not hold the others; not from inside a front end's hook (NRI collects the updates of
+        its hook's thread into the hook's answer). Raises the first failure after all were tried."""
         done = 0
+        failed: list[tuple[Container, frozenset[int], RuntimeCallError]] = []
         with self._apply_lock:
             with self._lock:
                 pool = self._pool()
@@ -595,21 +667,35 @@ class Engine:
                         and (c.state != State.CREATED or c.id in self._force or c.id in self._starting)]
                 todo = [(c, want) for c, want in todo if want and (want != c.cpu_set or c.id in self._force)]
                 self._force.clear()
-            for c, want in todo:
+
+            def update(item: tuple[Container, frozenset[int]]) -> bool:
+                c, want = item
                 try:
                     self._update_cpuset(c, want, self.alloc.mems_of(want), self.settings.runtime_timeout_seconds)
-                    done += 1
+                    return True
                 except RuntimeCallError as e:
-                    if e.not_found:
-                        self.exited_seen([c.id], "gone from the runtime")
-                    else:
-                        with self._lock:
-                            self._force.add(c.id)
-                        self._count(POOL_UPDATE_FAILURES)
-                        log.warning("pool update of %s to %s failed: %s", c.id[:12], format_cpulist(want), e)
-                        raise
+                    failed.append((c, want, e))
+                    return False
+
+            if concurrent and len(todo) > 1:
+                with ThreadPoolExecutor(min(POOL_UPDATE_WORKERS, len(todo)), "engine-pool-update") as ex:
+                    done = sum(ex.map(update, todo))
+            else:
+                done = sum(map(update, todo))
+            error: RuntimeCallError | None = None
+            for c, want, e in failed:
+                if e.not_found:
+                    self.exited_seen([c.id], "gone from the runtime")
+                else:
+                    with self._lock:
+                        self._force.add(c.id)
+                    self._count(POOL_UPDATE_FAILURES)
+                    log.warning("pool update of %s to %s failed: %s", c.id[:12], format_cpulist(want), e)
+                    error = error or e
         if done:
-            self._dirty.set()
+            self._note_changed()
+        if error is not None:
+            raise error
         return done
 
     def pool_targets(self, changed_only: bool = True) -> list[tuple[str, str, str, str]]:
@@ -627,11 +713,26 @@ class Engine:
                     out.append((c.id, format_cpulist(want), format_cpulist(self.alloc.mems_of(want)), c.resources))
             return out
 
+    def pool_delivered(self, done: Iterable[tuple[str, str, str, str]]) -> None:
+        """A front end gave the runtime these cpusets (container id, cpus, mems, resources blob) with a hook's
+        answer, which the runtime applies before it goes on: the books take them, so that the pool worker does not
+        send them again. A container the runtime then failed to update is found by the invariants check."""
+        with self._lock:
+            for cid, cpus, mems, blob in done:
+                c = self.cache.containers.get(cid)
+                if c is not None and c.placement != Kind.EXCLUSIVE and c.live:
+                    c.cpus, c.mems = cpus, mems
+                    if blob:
+                        c.resources = blob
+            self._changed.notify_all()
+
     def _update_cpuset(self, c: Container, cpus: frozenset[int], mems: frozenset[int], timeout: float) -> None:
         cpus_text, mems_text = format_cpulist(cpus), format_cpulist(mems)
         blob = self.runtime.update_cpuset(c.id, cpus_text, mems_text, c.resources, timeout)
         with self._lock:
             c.cpus, c.mems, c.resources = cpus_text, mems_text, blob
+            if c.id in self._start_cpus:
+                self._start_cpus[c.id] |= cpus
             self._changed.notify_all()
 
     def _pool_loop(self) -> None:
@@ -642,7 +743,7 @@ class Engine:
             if self._stop.is_set():
                 return
             try:
-                self.apply_pool()
+                self.apply_pool(concurrent=True)
             except RuntimeCallError:
                 self._stop.wait(0.2)  # retry soon: a create or start may be waiting for this
                 self._pool_wake.set()
@@ -694,9 +795,9 @@ class Engine:
                 self._counters[MOVES] += 1
         finally:
             self._apply_lock.release()
-        self._dirty.set()
+        self._save_soon()  # a pinning is what the runtime cannot tell again
         if c.placement == Kind.EXCLUSIVE:
-            self._pool_wake.set()
+            self._wake_pool()
         return self._record(rec)
 
     def _check_move(self, c: Container | None, cpus: str, mems: str | None) -> tuple[frozenset[int], frozenset[int]]:
@@ -759,14 +860,14 @@ class Engine:
                 known = frozenset(self.cache.pods) | frozenset(self.cache.containers)
             snap = self.runtime.snapshot(self.settings.runtime_timeout_seconds, known)
             self.runtime_up = True
-            return self._adopt(snap)
+            return self._adopt(snap, concurrent=True)
 
     def adopt(self, snap: RuntimeSnapshot) -> ReconcileSummary:
         """Like :meth:`reconcile` with the runtime's view given (NRI Synchronize)."""
         with self._reconcile_lock:
             return self._adopt(snap)
 
-    def _adopt(self, snap: RuntimeSnapshot) -> ReconcileSummary:
+    def _adopt(self, snap: RuntimeSnapshot, concurrent: bool = False) -> ReconcileSummary:
         s = ReconcileSummary()
         pods = {p.id: p for p in snap.pods}
         records = {c.id: c for c in snap.containers}
@@ -818,9 +919,11 @@ class Engine:
         if started:
             self._controller_call("started", started)
         if any((s.pods_added, s.pods_removed, s.containers_added, s.containers_removed, s.exited)):
-            self._dirty.set()
+            # rare once the books follow the events; after a restart or a lost cache, the rebuilt books are
+            # saved at once
+            self._save_soon()
         try:
-            self.apply_pool()
+            self.apply_pool(concurrent)
         except RuntimeCallError as e:
             log.warning("pool update at reconcile failed: %s", e)
         report = self.check_and_repair()
@@ -906,7 +1009,7 @@ class Engine:
             except RuntimeCallError as e:
                 log.warning("repair of %s failed: %s", c.id[:12], e)
         self._count(INVARIANT_REPAIRS, report.repaired)
-        self._dirty.set()
+        self._save_soon()
         with self._lock:
             self._last_report = report
         return report
@@ -932,11 +1035,16 @@ class Engine:
 
     def _persist_loop(self) -> None:
         while not self._stop.is_set():
-            if not self._dirty.wait(1.0):
+            woken = self._dirty.wait(1.0)
+            if not woken and not self._lazy_dirty:
                 continue
             self._dirty.clear()
+            self._lazy_dirty = False  # before saving: a change made during the save is saved next time
             if self._stop.is_set():
                 return
+            if not woken:
+                with self._lock:
+                    self._wakeups["persist_tick"] += 1
             if not self.persist():
                 self._stop.wait(1.0)  # retry: the disk may have room again
                 self._dirty.set()
@@ -969,10 +1077,25 @@ class Engine:
     def _controller_call(self, what: str, contexts: list[ContainerContext]) -> None:
         if not self._controllers:
             return
-        with self._ctl_cond:
-            self._ctl_queue.append(_ControllerCall(what, contexts))
-            self._ctl_queued += 1
-            self._ctl_cond.notify_all()
+        if what != "reload":  # containers no controller ``wants`` (nothing to enforce or release) wake nobody
+            contexts = [x for x in contexts if self._wanted(x)]
+            if not contexts:
+                return
+
+        def queue() -> None:
+            with self._ctl_cond:
+                self._ctl_queue.append(_ControllerCall(what, contexts))
+                self._ctl_queued += 1
+                self._ctl_cond.notify_all()
+
+        self._wake("controllers", queue)
+
+    def _wanted(self, ctx: ContainerContext) -> bool:
+        for c in self._controllers:
+            wants: Callable[[ContainerContext], bool] | None = getattr(c, "wants", None)
+            if wants is None or wants(ctx):
+                return True
+        return False
 
     def reload_controllers(self) -> None:
         with self._lock:

@@ -2,13 +2,15 @@
 
 The runtime stays the source of truth for what exists; the cache adds what the runtime does not keep: the
 engine's placement decisions. :func:`Cache.from_json` validates the shape of every field, so a file that is
-valid JSON of the wrong shape is refused like an unreadable one (see :mod:`.persist`).
+valid JSON of the wrong shape is refused like an unreadable one (see :mod:`.persist`). The containers are
+held in a :class:`ContainerTable`, a dict that keeps the indexes the create path needs.
 """
 
 from __future__ import annotations
 
 import functools
 import time
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from enum import StrEnum
 from typing import Any
@@ -96,6 +98,25 @@ class Container:
         return f"{self.cgroup_parent.rstrip('/')}/{self.id}" if self.cgroup_parent else ""
 
 
+class _Watched:
+    """A Container field whose changes the table holding the container hears of (its indexes depend on it).
+    Only ``__set__``: reads go straight to the instance's ``__dict__`` (a data descriptor without ``__get__``),
+    and the value lives there under the field's own name (orjson, ``dataclasses`` see a plain field)."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __set__(self, obj: Container, value: Any) -> None:
+        d = obj.__dict__
+        d[self.name] = value
+        for slot in d.get("_table_slots", ()):  # the ContainerTables holding obj
+            slot[0].changed(obj, slot)
+
+
+for _name in ("placement", "state", "cpus"):
+    setattr(Container, _name, _Watched(_name))
+
+
 @functools.lru_cache(maxsize=1024)
 def cpu_set_of(cpus: str) -> frozenset[int]:
     """A cpulist's CPUs; cached: hundreds of containers share the few cpulists of a node's pools."""
@@ -140,11 +161,201 @@ def _field_types(cls: type) -> dict[str, tuple[type, ...]]:
 _POD_TYPES = _field_types(Pod)
 _CTR_TYPES = _field_types(Container)
 
+# -- the container table ---------------------------------------------------------------------------------
+MEMO_ENTRIES = 256  # distinct (namespace, pod, annotation) answers kept; beyond it they are all dropped
+
+
+def pod_ref_key(namespace: str, pod_name: str, name: str) -> str:
+    """Index key of container ``name`` of pod ``pod_name`` (an annotation's ``pod/name``)."""
+    return f"p\0{namespace}\0{pod_name}\0{name}"
+
+
+def same_pod_key(namespace: str, pod_id: str, name: str) -> str:
+    """Index key of container ``name`` of the pod with id ``pod_id`` (an annotation's bare ``name``)."""
+    return f"i\0{namespace}\0{pod_id}\0{name}"
+
+
+def keys_of(c: Container) -> tuple[str, str]:
+    return pod_ref_key(c.namespace, c.pod_name, c.name), same_pod_key(c.namespace, c.pod_id, c.name)
+
+
+@dataclass
+class _Answer:
+    texts: frozenset[str]  # the cpulists of the live containers named
+
+
+class ContainerTable(dict[str, Container]):
+    """The engine's container table (``Cache.containers``): a dict id -> Container that keeps its own indexes.
+
+    The create path asks two questions of the books that a plain dict answers only by walking every container:
+
+    - which CPUs do the containers an (anti-)affinity annotation names hold (:meth:`ContainerTable.cpus_named`)?
+      A pod's list may name a thousand containers; the table indexes containers by name, answers from the
+      names listed, and remembers each answer until one of the containers it depends on is added, removed, or
+      changes state or cpuset;
+    - which containers hold exclusive CPUs (:meth:`ContainerTable.exclusive`)?
+
+    Kept in step by the dict's own mutators (every way of adding or removing an entry) and by the container's
+    watched fields (``placement``, ``state``, ``cpus``: :class:`_Watched` tells the table holding the
+    container of each change), so no caller has to remember to. What the indexes rely on: a container's id, name,
+    pod and namespace do not change while it is in the table (the engine sets them before inserting it).
+    Tested against the brute-force answers on random states (tests/test_placement_index.py).
+    """
+
+    def __init__(self, items: Mapping[str, Container] | Iterable[tuple[str, Container]] = ()):
+        super().__init__()
+        self._by_key: dict[str, dict[str, Container]] = {}
+        self._exclusive: dict[str, Container] = {}
+        self._answers: dict[tuple[str, str, frozenset[str]], _Answer] = {}
+        self._dependents: dict[str, set[tuple[str, str, frozenset[str]]]] = {}  # key -> answers using it
+        self.update(items)
+
+    # -- the dict's mutators, each keeping the indexes ---------------------------------------------------
+    def __setitem__(self, cid: str, c: Container) -> None:
+        old = dict.get(self, cid)
+        if old is not None:
+            self._unindex(cid, old)
+        dict.__setitem__(self, cid, c)
+        self._index(cid, c)
+
+    def __delitem__(self, cid: str) -> None:
+        c = dict.pop(self, cid)
+        self._unindex(cid, c)
+
+    _MISSING: Any = object()
+
+    def pop(self, cid: str, default: Any = _MISSING) -> Any:
+        if dict.__contains__(self, cid):
+            c = dict.pop(self, cid)
+            self._unindex(cid, c)
+            return c
+        if default is ContainerTable._MISSING:
+            raise KeyError(cid)
+        return default
+
+    def popitem(self) -> tuple[str, Container]:
+        cid, c = dict.popitem(self)
+        self._unindex(cid, c)
+        return cid, c
+
+    def setdefault(self, cid: str, default: Container) -> Container:
+        if not dict.__contains__(self, cid):
+            self[cid] = default
+        return dict.__getitem__(self, cid)
+
+    def update(self, *args: Any, **kw: Any) -> None:
+        for cid, c in dict(*args, **kw).items():
+            self[cid] = c
+
+    def __ior__(self, other: Any) -> ContainerTable:  # type: ignore[override, misc]
+        self.update(other)
+        return self
+
+    def clear(self) -> None:
+        dict.clear(self)
+        self._by_key.clear()
+        self._exclusive.clear()
+        self._answers.clear()
+        self._dependents.clear()
+
+    def copy(self) -> dict[str, Container]:
+        return dict(self)
+
+    # -- indexes -----------------------------------------------------------------------------------------
+    def _index(self, cid: str, c: Container) -> None:
+        keys = keys_of(c)
+        c.__dict__.setdefault("_table_slots", []).append((self, cid, keys))
+        for k in keys:
+            self._by_key.setdefault(k, {})[cid] = c
+            self._forget(k)
+        if c.placement == Kind.EXCLUSIVE:
+            self._exclusive[cid] = c
+
+    def _unindex(self, cid: str, c: Container) -> None:
+        slots = c.__dict__.get("_table_slots", [])
+        mine = next((s for s in slots if s[0] is self and s[1] == cid), None)
+        if mine is not None:
+            slots.remove(mine)
+        for k in mine[2] if mine is not None else keys_of(c):
+            group = self._by_key.get(k)
+            if group is not None:
+                group.pop(cid, None)
+                if not group:
+                    del self._by_key[k]
+            self._forget(k)
+        self._exclusive.pop(cid, None)
+
+    def _forget(self, key: str) -> None:
+        deps = self._dependents.pop(key, None)
+        if deps:
+            for a in deps:
+                self._answers.pop(a, None)
+
+    def changed(self, c: Container, slot: tuple[ContainerTable, str, tuple[str, str]]) -> None:
+        """A watched field of ``c`` (in this table under ``slot[1]``) was set."""
+        cid, keys = slot[1], slot[2]
+        if dict.get(self, cid) is not c:
+            return
+        for k in keys:
+            self._forget(k)
+        if c.placement == Kind.EXCLUSIVE:
+            self._exclusive[cid] = c
+        else:
+            self._exclusive.pop(cid, None)
+
+    # -- queries -----------------------------------------------------------------------------------------
+    def exclusive(self) -> Iterator[Container]:
+        """The live containers with exclusive CPUs."""
+        return (c for c in list(self._exclusive.values()) if c.state in HOLDING_STATES)
+
+    def cpus_named(self, namespace: str, pod_id: str, refs: Mapping[str, frozenset[str]]) -> frozenset[str]:
+        """The cpulists held by the live containers that ``refs`` names (container name -> pod names, "" for
+        the pod ``pod_id``; see :func:`~.annotations.container_refs`) in ``namespace``. O(names) the first
+        time, then O(1) until one of the containers named is added, removed, or changes state or cpuset."""
+        wanted = self._wanted(namespace, pod_id, refs)
+        akey = (namespace, pod_id, wanted)
+        a = self._answers.get(akey)
+        if a is not None:
+            return a.texts
+        texts = frozenset(c.cpus for k in self._by_key.keys() & wanted for c in self._by_key[k].values()
+                          if c.state in HOLDING_STATES)
+        if len(self._answers) >= MEMO_ENTRIES:
+            self._answers.clear()
+            self._dependents.clear()
+        for k in wanted:
+            self._dependents.setdefault(k, set()).add(akey)
+        self._answers[akey] = _Answer(texts)
+        return texts
+
+    _wanted_cache: dict[tuple[str, str, int], tuple[Mapping[str, frozenset[str]], frozenset[str]]] = {}
+
+    @staticmethod
+    def _wanted(namespace: str, pod_id: str, refs: Mapping[str, frozenset[str]]) -> frozenset[str]:
+        """The index keys ``refs`` names (remembered for the last few ``refs`` objects seen: every container of
+        a pod repeats its pod's list, and :func:`~.annotations.container_refs` returns the same object)."""
+        ck = (namespace, pod_id, id(refs))
+        hit = ContainerTable._wanted_cache.get(ck)
+        if hit is not None and hit[0] is refs:
+            return hit[1]
+        keys = frozenset(pod_ref_key(namespace, pod, name) if pod else same_pod_key(namespace, pod_id, name)
+                         for name, pods in refs.items() for pod in pods)
+        if len(ContainerTable._wanted_cache) >= MEMO_ENTRIES:
+            ContainerTable._wanted_cache.clear()
+        ContainerTable._wanted_cache[ck] = (refs, keys)
+        return keys
+
+
+def _table(items: Any = ()) -> ContainerTable:
+    return items if isinstance(items, ContainerTable) else ContainerTable(items)
+
 
 @dataclass
 class Cache:
     pods: dict[str, Pod] = field(default_factory=dict)
-    containers: dict[str, Container] = field(default_factory=dict)
+    containers: ContainerTable = field(default_factory=_table)  # a dict that keeps its own indexes
+
+    def __post_init__(self) -> None:
+        self.containers = _table(self.containers)
 
     def exclusive_taken(self) -> dict[str, frozenset[int]]:
         return {c.id: c.cpu_set for c in self.containers.values() if c.placement == Kind.EXCLUSIVE and c.live}
@@ -179,5 +390,5 @@ class Cache:
             except ValueError as e:
                 raise ValueError(f"containers[{i}]: {e}") from None
             ctrs.append(Container(**kw))
-        return cls({p.id: p for p in pods}, {c.id: c for c in ctrs})
+        return cls({p.id: p for p in pods}, _table({c.id: c for c in ctrs}))
 

@@ -13,7 +13,11 @@ Moves       {}                              {"moves": [MoveRecord, ...]}
 Metrics     {}                              {"text": Prometheus text exposition}
 Reconcile   {}                              {"summary": {...}}
 Invariants  {}                              InvariantView (checked now against the kernel, repaired)
+Timings     {}                              {"rewrites": {method: [[queued, hook, hop] seconds, ...]}}
 =========== =============================== ====================================
+
+Timings (the CRI relay only; ``{}`` elsewhere): the last 1,000 held requests per method, for benchmarks —
+time waiting for a worker thread, in the rewrite hook, and from the hook's return to the forward.
 
 Move honours the caller's deadline: a move whose client has given up is not applied.
 """
@@ -74,7 +78,8 @@ class _Handler(grpc.GenericRpcHandler):
         return grpc.unary_unary_rpc_method_handler(handle)
 
 
-def serve(relay: ControlTarget, path: Path, metrics_text: Callable[[], str]) -> grpc.Server:
+def serve(relay: ControlTarget, path: Path, metrics_text: Callable[[], str],
+          timings: Callable[[], dict] | None = None) -> grpc.Server:
     """``relay``: a front end (:class:`cri_resmgr.relay.core.CriFrontEnd`, or the NRI plugin's)."""
 
     def move(body: dict, ctx: Any) -> dict:
@@ -91,6 +96,7 @@ def serve(relay: ControlTarget, path: Path, metrics_text: Callable[[], str]) -> 
         "Metrics": lambda body, ctx: {"text": metrics_text()},
         "Reconcile": lambda body, ctx: {"summary": relay.reconcile()},
         "Invariants": lambda body, ctx: relay.invariants().model_dump(),
+        "Timings": lambda body, ctx: timings() if timings is not None else {},
     }
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="relay-control"))
     server.add_generic_rpc_handlers([_Handler(methods)])
@@ -136,6 +142,10 @@ class ControlClient:
     def invariants(self) -> InvariantView:
         """Check the placement invariants against the kernel now (and repair what is wrong)."""
         return InvariantView.model_validate(self._call("Invariants"))
+
+    def rewrite_timings(self) -> dict[str, list[tuple[float, float, float]]]:
+        """method -> the last held requests' (queued, hook, hop) seconds (see the module's doc)."""
+        return {m: [tuple(x) for x in xs] for m, xs in self._call("Timings").get("rewrites", {}).items()}
 
     def close(self) -> None:
         self.channel.close()

@@ -12,8 +12,9 @@ What the proxy does look at:
   ``grpc-status``. Blocks are forwarded byte for byte and in order, so both ends' HPACK dynamic tables
   stay in step; the proxy's own header blocks (the responses it answers itself) use only "literal never
   indexed" fields (RFC 7541 §6.2.3), which leave every dynamic table untouched;
-- for methods the relay owns, the request message is held until it is complete, handed to a hook (in a
-  worker thread) which may rewrite or refuse it; the response message is copied as it passes;
+- for methods the relay owns, the request message is held until it is complete, handed to a hook (on the
+  event loop when the hook says it can answer there at once, else in a worker thread) which may rewrite or
+  refuse it; the response message is copied as it passes;
 - flow control (RFC 9113 §6.9) stays exact around held requests: the proxy credits the client at once
   for the bytes it holds (so a request larger than the window cannot stall), takes the bytes it later
   sends to the runtime out of the runtime's next connection WINDOW_UPDATEs to the client, and tracks the
@@ -106,6 +107,28 @@ class Exchange:
     message: str = ""
     context: object = None  # set by the rewrite hook, handed back to the completion hook
     rewritten: bool = False
+    timing: RewriteTiming | None = None  # a held request: where its time in the relay went
+
+
+@dataclass
+class RewriteTiming:
+    """perf_counter instants of a held request in the relay: complete (handed to the hook), the hook starts
+    (in a worker: when one takes it; on the event loop: at once), the hook returns, the result is forwarded."""
+
+    held: float
+    started: float = 0.0
+    returned: float = 0.0
+    forwarded: float = 0.0
+
+
+class InWorker:
+    """:meth:`Hooks.rewrite_inline`'s answer: this one takes :meth:`Hooks.rewrite` in a worker thread."""
+
+    def __repr__(self) -> str:
+        return "IN_WORKER"
+
+
+IN_WORKER = InWorker()
 
 
 class Hooks:
@@ -118,11 +141,21 @@ class Hooks:
         """Worker thread. Return the new request message, a Reject, or None to forward unchanged."""
         return None
 
+    def rewrite_inline(self, ex: Exchange) -> bytes | Reject | None | InWorker:
+        """Event loop, first: a rewrite that is short and cannot wait on anything slow (no runtime call, no
+        waiting for other calls) answers here, which spares it two thread hand-offs (to a worker and back:
+        each a wake-up and a GIL hand-over); anything else returns IN_WORKER and :meth:`rewrite` runs in a
+        worker thread."""
+        return IN_WORKER
+
     def complete(self, ex: Exchange) -> None:
         """Event-loop thread, before the client sees the call's end. Keep it short."""
 
     def finished(self, method: str, code: int, seconds: float) -> None:
         """Every call, for metrics."""
+
+    def rewrite_timed(self, ex: Exchange) -> None:
+        """A held request was forwarded (or refused): ``ex.timing`` is complete."""
 
     def dump(self, direction: str, ex: Exchange, message: bytes) -> None:
         """Only called when ``dumping`` is true."""
@@ -524,14 +557,27 @@ class Pair:
             return
         st.ex.request = msg
         loop = self.proxy.loop
+        timing = st.ex.timing = RewriteTiming(time.perf_counter())
+        try:
+            inline = self.hooks.rewrite_inline(st.ex)
+        except Exception:  # as a failing worker hook: the request goes as the client sent it
+            log.exception("inline rewrite hook for %s failed; forwarding unchanged", st.ex.method)
+            inline = None
+        if not isinstance(inline, InWorker):
+            timing.started, timing.returned = timing.held, time.perf_counter()
+            # Inside from_client: what this sends joins the frames being forwarded, after this stream's own.
+            self._rewritten(st, inline)
+            return
 
         def work() -> None:
             result: bytes | Reject | None
+            timing.started = time.perf_counter()
             try:
                 result = self.hooks.rewrite(st.ex)
             except Exception:  # a failing hook must not lose the request: it goes as the client sent it
                 log.exception("rewrite hook for %s failed; forwarding unchanged", st.ex.method)
                 result = None
+            timing.returned = time.perf_counter()
             loop.call_soon_threadsafe(self._rewritten, st, result)
 
         self.proxy.executor.submit(work)
@@ -539,6 +585,14 @@ class Pair:
     def _rewritten(self, st: _Stream, result: bytes | Reject | None) -> None:
         if st.closed or self.closed:
             return
+        try:
+            self._forward_rewritten(st, result)
+        finally:
+            if st.ex.timing is not None:
+                st.ex.timing.forwarded = time.perf_counter()
+                self.hooks.rewrite_timed(st.ex)
+
+    def _forward_rewritten(self, st: _Stream, result: bytes | Reject | None) -> None:
         if isinstance(result, Reject):
             st.held = []
             self._to_upstream(frame(RST_STREAM, 0, st.ex.stream_id, H2_CANCEL.to_bytes(4, "big")))

@@ -196,7 +196,8 @@ class RelayProcess:
             follow_runtime_socket(Path(self.rc.image_relay_socket), Path(self.rc.image_socket))
             self.sockets.append(Path(self.rc.image_relay_socket))
             proxies.append(img)
-        self.control_server = control.serve(relay, self.control_path, self.metrics_text)
+        self.control_server = control.serve(relay, self.control_path, self.metrics_text,
+                                            timings=lambda: {"rewrites": self.stats.rewrite_samples()})
         self.sockets.append(self.control_path)
         if self.rc.metrics_listen:
             host, port = parse_listen(self.rc.metrics_listen)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import bisect
 import threading
+from collections import deque
 from dataclasses import dataclass, field
 
 from .. import metrics as M
@@ -16,6 +17,7 @@ from ..export.exposition import format_family, format_histogram
 
 # 50 µs doubling to ~13 s: forwarded calls take 0.1-1 ms, container creation 0.1-1 s.
 BUCKETS = tuple(50e-6 * 2**i for i in range(19))
+REWRITE_SAMPLES = 1000
 
 
 @dataclass
@@ -33,6 +35,8 @@ class RelayStats:
         self.lock = threading.Lock()
         self.gauges: dict[str, float] = {}
         self.resets: dict[str, int] = {}  # reason -> streams/connections the proxy ended itself
+        # method -> the last REWRITE_SAMPLES held requests' (queued, hook, hop) seconds (control socket: Timings)
+        self.rewrites: dict[str, deque[tuple[float, float, float]]] = {}
 
     def reset(self, reason: str) -> None:
         with self.lock:
@@ -55,6 +59,20 @@ class RelayStats:
             h.counts[i] += 1
             h.total += seconds
             h.n += 1
+
+    def record_rewrite(self, path: str, queued: float, hook: float, hop: float) -> None:
+        """A held request's time in the relay: waiting for a worker, in the rewrite hook, and from the hook's
+        return until the event loop forwarded it."""
+        m = self.method_label(path)
+        with self.lock:
+            d = self.rewrites.get(m)
+            if d is None:
+                d = self.rewrites[m] = deque(maxlen=REWRITE_SAMPLES)
+            d.append((queued, hook, hop))
+
+    def rewrite_samples(self) -> dict[str, list[tuple[float, float, float]]]:
+        with self.lock:
+            return {m: list(d) for m, d in self.rewrites.items()}
 
     def count(self, method: str, code: str) -> int:
         with self.lock:

@@ -3,10 +3,11 @@
 A *table* holds the series written together by one source (a collector run): rows of one timestamp and
 one value per series (columns). Sharing the time axis turns a collector's write and a heatmap's read into
 vector operations. The newest rows sit uncompressed in a "hot" block that takes the writes; every
-``BLOCK_ROWS`` rows it is sealed into a compressed :class:`Block` (lossless coding per column, see
-there), so a stored sample takes a few bytes instead of eight. Rows older than the retention are dropped
-a block at a time (and hidden from reads row by row). A series that is not written in a row holds NaN
-there. Columns whose series have not been written for a whole retention period are reused.
+``BLOCK_ROWS`` rows (fewer in a wide table: :func:`block_rows_for`) it is sealed into a compressed
+:class:`Block` (lossless coding per column, see there), so a stored sample takes a few bytes instead of
+eight. Rows older than the retention are dropped a block at a time (and hidden from reads row by row). A
+series that is not written in a row holds NaN there. Columns whose series have not been written for a whole
+retention period are reused.
 
 Thread safety: one lock per store; writes are short (a row assignment), queries copy what they read.
 """
@@ -16,7 +17,7 @@ from __future__ import annotations
 import math
 import threading
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
@@ -42,7 +43,7 @@ def labels_key(labels: Mapping[str, str]) -> Labels:
     return tuple(sorted((k, str(v)) for k, v in labels.items()))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class SeriesRef:
     metric: str
     labels: Labels
@@ -333,6 +334,21 @@ def _decode(b: Block, cols: np.ndarray, out: np.ndarray) -> None:
 
 
 BLOCK_ROWS = 256  # rows per sealed block; the newest rows (up to this many) stay uncompressed
+# A wide table (a high-cardinality source: 1,000 containers × 13 series) seals sooner, so that its hot block
+# stays near HOT_BLOCK_BYTES instead of 256 rows × 8 bytes per series: at 13 k series that is 27 MB of
+# uncompressed float64 against ~3 MB, for ~22 bytes more per column per sealed block (first value, group,
+# position, base). Never fewer than MIN_BLOCK_ROWS rows: below that the per-block cost outweighs the saving.
+HOT_BLOCK_BYTES = 2 << 20
+MIN_BLOCK_ROWS = 32
+
+
+def block_rows_for(columns: int, limit: int = BLOCK_ROWS) -> int:
+    """Rows of the hot block of a table ``columns`` wide: ``limit`` for a narrow table, fewer (a power of two,
+    at least MIN_BLOCK_ROWS) where ``limit`` rows would take more than HOT_BLOCK_BYTES."""
+    rows = limit
+    while rows > MIN_BLOCK_ROWS and rows * columns * 8 > HOT_BLOCK_BYTES:
+        rows //= 2
+    return max(2, min(rows, limit))
 
 
 class Table:
@@ -345,8 +361,9 @@ class Table:
             raise ValueError("table capacity must be at least 2 rows")
         self.name = name
         self.capacity = capacity
-        self.block_rows = max(2, min(block_rows, capacity))
+        self.max_block_rows = max(2, min(block_rows, capacity))
         ncols = max(columns, 1)
+        self.block_rows = block_rows_for(ncols, self.max_block_rows)
         self.hot_ts = np.zeros(self.block_rows, dtype=np.float64)
         self.hot_vals = np.full((self.block_rows, ncols), np.nan, dtype=np.float64)
         self.hot_n = 0
@@ -387,9 +404,16 @@ class Table:
     def _grow(self) -> None:
         old = self.hot_vals.shape[1]
         new = old * 2
-        vals = np.full((self.block_rows, new), np.nan, dtype=np.float64)
-        vals[:, :old] = self.hot_vals
+        rows = block_rows_for(new, self.max_block_rows)
+        if self.hot_n >= rows:  # the hot block shrinks below the rows it holds: they are sealed first
+            self._seal()
+        vals = np.full((rows, new), np.nan, dtype=np.float64)
+        vals[:self.hot_n, :old] = self.hot_vals[:self.hot_n]
         self.hot_vals = vals
+        if rows != self.block_rows:
+            ts = np.zeros(rows, dtype=np.float64)
+            ts[:self.hot_n] = self.hot_ts[:self.hot_n]
+            self.hot_ts, self.block_rows = ts, rows
         for name, fill, dtype in (("last_seq", -1, np.int64), ("last_val", np.nan, np.float64),
                                   ("last_t", np.nan, np.float64), ("since", 0, np.int64)):
             a = np.full(new, fill, dtype=dtype)
@@ -650,6 +674,7 @@ class NewRows(NamedTuple):
 
 
 _REFUSED_KEEP = 65536  # refused series keys remembered (so each counts once); beyond, each refusal counts
+_PAIRS_KEEP = 65536  # interned label pairs kept at least (see Store._labels_key)
 
 
 class Sample(NamedTuple):
@@ -658,6 +683,36 @@ class Sample(NamedTuple):
     metric: str
     labels: Mapping[str, str]
     value: float
+
+
+class Columns(NamedTuple):
+    """One row given as vectors (the write path of a high-cardinality collector): ``keys[i]`` names the series
+    of ``values[i]``; NaN means the series was not read in this row. A collector hands the *same* ``keys``
+    list object for as long as its series stay the same (and a new list when they change), so that the store
+    resolves keys to columns only on change (:meth:`Store.append_columns`); its key tuples may be shared
+    between successive lists, so a change costs in proportion to the series added."""
+
+    keys: Sequence[tuple[str, Mapping[str, str]]]
+    values: np.ndarray
+
+    def samples(self) -> list[Sample]:
+        """The same row as :class:`Sample` s (NaN left out), in key order."""
+        return [Sample(m, lab, float(v)) for (m, lab), v in zip(self.keys, self.values.tolist(), strict=True)
+                if v == v]
+
+
+@dataclass
+class _ColumnPlan:
+    """Per table: the last :class:`Columns` keys list seen and its columns (-1: not resolved yet: a series
+    not written so far, or refused at max_series) under the table's column generation."""
+
+    table: Table
+    keys: Sequence
+    cols: np.ndarray
+    generation: int
+
+    def valid_for(self, tab: Table) -> bool:
+        return self.table is tab and self.generation == tab.generation
 
 
 class Store:
@@ -678,6 +733,21 @@ class Store:
         self.rows_out_of_order = 0
         self._series = 0
         self._lock = threading.RLock()
+        # Label pairs shared by every series key that holds them: ("namespace", "default") once, not once per
+        # series (at 20 k series the index took ~1.7 KB a series, most of it copies of the same pairs).
+        self._pairs: dict[tuple[str, str], tuple[str, str]] = {}
+        self._plans: dict[str, _ColumnPlan] = {}  # per table, for append_columns
+
+    def _labels_key(self, labels: Mapping[str, str]) -> Labels:
+        """:func:`labels_key` with its pairs interned."""
+        pairs = self._pairs
+        if len(pairs) > max(_PAIRS_KEEP, 4 * self._series):  # churn left mostly dead pairs: start again
+            pairs.clear()
+        return tuple(sorted(pairs.setdefault(p, p) for p in ((k, str(v)) for k, v in labels.items())))
+
+    def _intern(self, lk: Labels) -> Labels:
+        pairs = self._pairs
+        return tuple(pairs.setdefault(p, p) for p in lk)
 
     # -- writing -----------------------------------------------------------------------------------
     def table(self, name: str, interval_seconds: float) -> Table:
@@ -719,18 +789,60 @@ class Store:
                 fk = (s.metric, tuple(s.labels.items()))
                 col = fast.get(fk)
                 if col is None:
-                    lk = labels_key(s.labels)
-                    key = (s.metric, lk)
-                    col = tab.col_of.get(key)
+                    col = self._column_of(tab, s.metric, s.labels)
                     if col is None:
-                        col = self._new_series(tab, s.metric, lk)
-                        if col is None:
-                            self.dropped_samples += 1
-                            continue
-                    fast[fk] = col
+                        self.dropped_samples += 1
+                        continue
+                    pairs = self._pairs  # the fast key keeps interned pairs too
+                    fast[(s.metric, tuple(pairs.get(p, p) for p in fk[1]))] = col
                 cols.append(col)
                 vals.append(s.value)
             tab.write_row(t, np.asarray(cols, dtype=np.int64), np.asarray(vals, dtype=np.float64))
+            if tab.seq % max(1, tab.capacity // 4) == 0:
+                self._reclaim(tab)
+
+    def _column_of(self, tab: Table, metric: str, labels: Mapping[str, str]) -> int | None:
+        """The column of a series in ``tab``, made if new; None when refused at max_series."""
+        lk = self._labels_key(labels)
+        col = tab.col_of.get((metric, lk))
+        if col is None:
+            col = self._new_series(tab, metric, lk)
+        return col
+
+    def append_columns(self, table: str, t: float, row: Columns, interval_seconds: float = 1.0) -> None:
+        """Write one row given as :class:`Columns` (the same as :meth:`append` of ``row.samples()``). Keys are
+        resolved to columns when ``row.keys`` is a new list, from the previous list's where the key tuples are
+        the same objects, and a series only once it has a value: a cycle without change is a few vector
+        operations, whatever the number of series."""
+        with self._lock:
+            tab = self.table(table, interval_seconds)
+            last = tab.last_time()
+            if last is not None and t <= last:
+                if t < last:
+                    self.rows_out_of_order += 1
+                    return
+                t = float(np.nextafter(last, np.inf))
+            values = np.asarray(row.values, dtype=np.float64)
+            plan = self._plans.get(table)
+            if plan is None or plan.keys is not row.keys or not plan.valid_for(tab):
+                prev: dict[int, int] = {}
+                if plan is not None and plan.valid_for(tab):
+                    # (ids of the previous list's tuples are safe here: the plan still holds them)
+                    prev = {id(k): int(c) for k, c in zip(plan.keys, plan.cols.tolist(), strict=True) if c >= 0}
+                cols = np.fromiter((prev.get(id(k), -1) for k in row.keys), dtype=np.int64, count=len(row.keys))
+                plan = self._plans[table] = _ColumnPlan(tab, row.keys, cols, tab.generation)
+            cols = plan.cols
+            has = ~np.isnan(values)
+            todo = np.flatnonzero(has & (cols < 0))
+            for i in todo.tolist():
+                metric, labels = row.keys[i]
+                col = self._column_of(tab, metric, labels)
+                if col is None:
+                    self.dropped_samples += 1
+                else:
+                    cols[i] = col
+            ok = has & (cols >= 0)
+            tab.write_row(t, cols[ok], values[ok])
             if tab.seq % max(1, tab.capacity // 4) == 0:
                 self._reclaim(tab)
 
@@ -741,10 +853,7 @@ class Store:
             tab = self.table(table, interval_seconds)
             cols = []
             for metric, labels in keys:
-                lk = labels_key(labels)
-                col = tab.col_of.get((metric, lk))
-                if col is None:
-                    col = self._new_series(tab, metric, lk)
+                col = self._column_of(tab, metric, labels)
                 cols.append(-1 if col is None else col)
             return RowHandle(table, np.asarray(cols, dtype=np.int64), tab.generation, list(keys), interval_seconds)
 
@@ -790,6 +899,7 @@ class Store:
         """A new empty table under ``name`` (dropping one of that name), for a checkpoint to fill."""
         with self._lock:
             tab = self.tables[name] = Table(name, capacity, columns=columns)
+            self._plans.pop(name, None)
             return tab
 
     def adopt_series(self, tab: Table, key: tuple[str, Labels], col: int) -> bool:
@@ -806,6 +916,7 @@ class Store:
         """Replace table ``name`` by a checkpoint's (:meth:`Table.restore_rows`) and index its series; those past
         max_series are not indexed and their columns freed. Returns the series indexed."""
         with self._lock:
+            keys = [None if k is None else (k[0], self._intern(k[1])) for k in keys]
             tab = self.replace_table(name, capacity, columns=max(16, len(keys)))
             tab.restore_rows(keys, seq, blocks, hot_ts, hot_vals, state)
             n = 0
@@ -835,6 +946,8 @@ class Store:
             self.tables.clear()
             self._index.clear()
             self._inverted.clear()
+            self._plans.clear()
+            self._pairs.clear()
             self._series = 0
 
     def _refuse(self, key: tuple[str, Labels]) -> None:

@@ -158,7 +158,9 @@ def nri_config(text: str, base: Path, socket_path: Path) -> str:
     return _set(t, sec, "plugin_request_timeout", q("2s"))
 
 
-def private_config(default_text: str, base: Path, sandbox_image: str) -> str:
+def private_config(default_text: str, base: Path, sandbox_image: str, runc_binary: Path | None = None) -> str:
+    """``runc_binary``: the runc runtime's ``BinaryName`` (the program the runc shim runs as runc), e.g. a
+    wrapper that hangs one marked operation (tests/integration/relay/runc_hang.py)."""
     q = json.dumps  # TOML basic strings share JSON's quoting for these paths
     t = default_text
     t = re.sub(r'^root = .*$', f"root = {q(str(base / 'root'))}", t, count=1, flags=re.M)
@@ -175,6 +177,8 @@ def private_config(default_text: str, base: Path, sandbox_image: str) -> str:
     t = _set(t, f"{cri}.cni", "conf_dir", q(str(base / "cni")))
     t = _set(t, f"{cri}.cni", "bin_dir", q(str(base / "cni-bin")))
     t = _set(t, f'{cri}.containerd.runtimes.runc.options', "SystemdCgroup", "false")
+    if runc_binary is not None:
+        t = _set(t, f'{cri}.containerd.runtimes.runc.options', "BinaryName", q(str(runc_binary)))
     t = _set(t, 'plugins."io.containerd.internal.v1.opt"', "path", q(str(base / "opt")))
     # Snapshotters that cannot work here only add start-up noise.
     t = re.sub(r"^disabled_plugins = .*$",
@@ -212,10 +216,13 @@ def cgroup_mounts(mountinfo: Path = Path("/proc/self/mountinfo")) -> list[Cgroup
 class Containerd:
     """One private containerd. ``start()`` it, ``import_images()``, talk CRI on ``socket``, ``cleanup()``."""
 
-    def __init__(self, base: Path, bin_dir: Path | None = None, nri_socket: Path | None = None):
+    def __init__(self, base: Path, bin_dir: Path | None = None, nri_socket: Path | None = None,
+                 runc_binary: Path | None = None):
         """``bin_dir``: containerd's binaries (and shim) from there instead of PATH (e.g. an unpacked 1.7);
-        ``nri_socket``: enable NRI, serving plugins on that socket."""
+        ``nri_socket``: enable NRI, serving plugins on that socket; ``runc_binary``: what the runc shim runs
+        as runc (its ``BinaryName``)."""
         self.base = Path(base)
+        self.runc_binary = Path(runc_binary) if runc_binary else None
         self.bin_dir = Path(bin_dir) if bin_dir else None
         self.nri_socket = Path(nri_socket) if nri_socket else None
         self.socket = self.base / "containerd.sock"
@@ -243,7 +250,7 @@ class Containerd:
             (self.base / d).mkdir(parents=True, exist_ok=True)
         default = subprocess.run([self._bin("containerd"), "config", "default"], check=True, capture_output=True,
                                  text=True).stdout
-        text = private_config(default, self.base, PAUSE_IMAGE)
+        text = private_config(default, self.base, PAUSE_IMAGE, self.runc_binary)
         if self.nri_socket:
             text = nri_config(text, self.base, self.nri_socket)
         self.config_path.write_text(text)
@@ -256,6 +263,17 @@ class Containerd:
                                          stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                                          env=self._env())
         self.wait_ready(timeout)
+        return self
+
+    def up(self) -> Containerd:
+        """Started with the test images imported; on failure its log is printed and everything removed."""
+        try:
+            self.start()
+            self.import_images()
+        except Exception:
+            print(self.log_tail())
+            self.cleanup()
+            raise
         return self
 
     def wait_ready(self, timeout: float) -> None:
@@ -307,6 +325,11 @@ class Containerd:
     def restart(self) -> None:
         self.stop()
         self.start()
+
+    def task_bundle(self, container_id: str) -> Path:
+        """The OCI bundle the runc shim runs a task from (runtime v2: ``<state>/io.containerd.runtime.v2.task/
+        <namespace>/<id>``)."""
+        return self.base / "state" / "io.containerd.runtime.v2.task" / "k8s.io" / container_id
 
     def shim_pids(self) -> list[int]:
         """runc shims started by this containerd: their command line names our socket."""

@@ -79,7 +79,8 @@ def pod_config(spec: PodSpec, cgroup_parent: str, log_dir: Path) -> pb.PodSandbo
 
 def container_config(name: str, *, cpu_milli_request: int = 0, cpu_milli_limit: int = 0,
                      memory_limit: int = 0, command: list[str] | None = None,
-                     annotations: dict[str, str] | None = None, image: str = IMAGE) -> pb.ContainerConfig:
+                     annotations: dict[str, str] | None = None, image: str = IMAGE,
+                     env: dict[str, str] | None = None) -> pb.ContainerConfig:
     res = pb.LinuxContainerResources(cpu_shares=shares(cpu_milli_request), oom_score_adj=0)
     if cpu_milli_limit:
         res.cpu_period = PERIOD_US
@@ -94,6 +95,7 @@ def container_config(name: str, *, cpu_milli_request: int = 0, cpu_milli_limit: 
         log_path=f"{name}.log",
         labels={"io.kubernetes.container.name": name},
         annotations=dict(annotations or {}),
+        envs=[pb.KeyValue(key=k, value=v) for k, v in (env or {}).items()],
         linux=pb.LinuxContainerConfig(resources=res),
     )
 

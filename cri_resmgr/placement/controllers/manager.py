@@ -28,7 +28,7 @@ from ..api import ContainerView
 from ..context import ContainerContext
 from .base import Applied, ControlError, ControlType, NoCgroupYet, Plan
 from .blockio import BlockioController
-from .classes import resolve_class
+from .classes import DOMAIN, resolve_class
 from .rdt import RdtController
 from .rt import RtController
 
@@ -130,6 +130,18 @@ class ControlManager:
             return []
 
     # -- the engine's Controller hooks ---------------------------------------------------------------
+    def wants(self, ctx: ContainerContext) -> bool:
+        """Whether a container event (created, started, adopted, stopped) can change anything for ``ctx``: the
+        engine does not wake its controllers thread for the others. False only when nothing is recorded for the
+        container, no control has classes or defaults (so no class but one its annotations name, which is then
+        reported as unknown) and its annotations name none."""
+        with self.lock:
+            if self.retired or ctx.id in self.applied:
+                return True
+            if any(p.classes or getattr(p.section, "defaults", None) for p in self.plans.values()):
+                return True
+        return any(f"class.{DOMAIN}/" in k for k in ctx.annotations)
+
     def started(self, ctx: ContainerContext) -> None:
         self.apply(ctx)
 

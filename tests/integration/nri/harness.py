@@ -31,15 +31,7 @@ def start_containerd17(base: Path | None = None) -> Containerd:
         raise FetchError(f"missing {', '.join(missing)} (apt-get install runc busybox-static)")
     f = fetch()
     base = base or Path(tempfile.mkdtemp(prefix="crirm-containerd17-"))
-    c = Containerd(base, bin_dir=f.bin_dir, nri_socket=base / "nri.sock")
-    try:
-        c.start()
-        c.import_images()
-    except Exception:
-        print(c.log_tail())
-        c.cleanup()
-        raise
-    return c
+    return Containerd(base, bin_dir=f.bin_dir, nri_socket=base / "nri.sock").up()
 
 
 class NriPluginProcess:

@@ -18,14 +18,7 @@ def containerd():
     if reason:
         pytest.skip(reason)
     base = Path(tempfile.mkdtemp(prefix="crirm-containerd-"))
-    c = Containerd(base)
-    try:
-        c.start()
-        c.import_images()
-    except Exception:
-        print(c.log_tail())
-        c.cleanup()
-        raise
+    c = Containerd(base).up()
     yield c
     problems = c.cleanup()
     assert not problems, problems
