@@ -16,9 +16,15 @@ interference rate, M the migration cost of the containers moved so far, from the
 3. *Replacements.* With the move budget spent, a moved container may go home and free its move for
    another (a pair whose first move is the return): a binding ``max_moves_per_round`` is not left to
    the greedy's first, myopic choices. Small problems also restart from their best first moves.
+4. *Chains* (small problems): a moved container goes home and the best pair follows —
+   a replacement whose newcomer pays only once a moved container's place changes too.
+5. *Group kicks* (small problems): the containers sharing a place move together to another candidate,
+   then single moves descend from there; the best result is kept when it gains (iterated local
+   search over plateaus and ridges that no short sequence of moves crosses).
 
-Every accepted step (or pair) lowers ``J`` by more than ``min_net_gain``, so there are finitely many,
-no cycle is possible, and the plan is never worse than doing nothing: ``H × I(after) + M ≤ H × I(before)``.
+Every accepted step (pair, chain, kicked descent) lowers ``J`` by more than ``min_net_gain``, so there
+are finitely many, no cycle is possible, and the plan is never worse than doing nothing:
+``H × I(after) + M ≤ H × I(before)``.
 Hysteresis is the margin and the minimum gain; containers in cool-down, exclusive ones (unless
 ``move_exclusive``) and opted-out ones do not move; at most ``max_moves_per_round`` containers move.
 A container may be moved twice within a round (its migration is counted once, from where it was).
@@ -53,6 +59,8 @@ PAIR_WORK = 150000  # movable² × candidates (the work of one pair search) up t
 LAZY_WORK = 40000  # movable × candidates above which rows are scanned lazily (see _Search.hint)
 BEAM_MAX = 4  # widest beam of move sequences
 BEAM_WORK = 4000  # (movable containers × candidates) below which the beam widens
+KICK_GROUPS = 6  # small problems: groups of containers sharing a place tried as group relocations
+KICK_ROUNDS = 2  # ... rounds of them
 
 
 class CostSummary(BaseModel):
@@ -184,7 +192,8 @@ class Planner:
         work = max(1, int(prob.movable.sum()) * prob.cands.n)
         return int(max(1, min(BEAM_MAX, BEAM_WORK // work)))
 
-    def _search(self, prob: Problem, st: State) -> _Search:
+    def _root(self, prob: Problem, st: State) -> _Search:
+        """The search before any move: migration costs and valid destinations of the movable rows."""
         mov = np.flatnonzero(prob.movable)
         mig = self.model.migration.matrix(prob, mov)
         valid = prob.valid(mov)
@@ -196,6 +205,10 @@ class Planner:
         root = _Search(prob, st, mov, mig, valid, min_mig, np.full(len(mov), -1))
         if len(mov) * prob.cands.n > LAZY_WORK:
             root.hint = np.full(len(mov), np.inf)
+        return root
+
+    def _search(self, prob: Problem, st: State) -> _Search:
+        root = self._root(prob, st)
         limit = self.cfg.max_moves_per_round
         best = self._descend(root, limit)
         if self._small(prob):
@@ -211,6 +224,118 @@ class Planner:
                 # The forced first move need not pay by itself; the plan must, by min_net_gain a step.
                 if other.value > best.value + 1e-12 and other.value > self.cfg.min_net_gain * len(other.steps):
                     best = other
+            best = self._chains(best, limit)
+            best = self._kicks(best, limit)
+        return best
+
+    def _kicks(self, s: _Search, limit: int) -> _Search:
+        """Small problems: group relocations followed by a descent of single moves (a perturbation, in
+        the sense of iterated local search).
+
+        Containers that share a place move together onto a plateau or over a ridge that no short move
+        sequence crosses: on avx512-mix the greedy fences the AVX-512 work into the package of one of the
+        two latency-critical containers, and the optimum (both latency-critical containers on one
+        high-priority core, the AVX-512 work in the other package, ten containers placed differently) is
+        reached by moving the five scalar containers sharing package 0 onto one NUMA node (no change of
+        ``J``), then single moves. Every group of ≥ 2 movable containers on one candidate (at most
+        ``KICK_GROUPS``, largest first) is tried at every other candidate the budget allows; the best
+        result replaces the plan when it gains more than ``min_net_gain`` (and the plan still pays
+        ``min_net_gain`` a step, as after a multi-start), then local improvement runs again. At most
+        ``KICK_ROUNDS`` rounds."""
+        for _ in range(KICK_ROUNDS):
+            at = np.where(s.placed >= 0, s.placed, s.prob.current[s.mov])
+            groups = [np.flatnonzero(at == c) for c in np.unique(at[at >= 0])]
+            groups = sorted((g for g in groups if len(g) >= 2), key=lambda g: (-len(g), int(g[0])))[:KICK_GROUPS]
+            found: _Search | None = None
+            moved = s.placed >= 0
+            for g in groups:
+                for c in range(s.prob.cands.n):
+                    home = s.prob.current[s.mov[g]]
+                    if c == at[g[0]] or not np.all((home == c) | s.valid[g, c]):
+                        continue
+                    if int(moved.sum()) - int(moved[g].sum()) + int((home != c).sum()) > limit:
+                        continue
+                    k = s.clone()
+                    for r in g.tolist():
+                        self._apply(k, self._forced(k, r, c))
+                    self._singles(k, limit)
+                    best = s if found is None else found
+                    if k.value > best.value + self.cfg.min_net_gain and k.value > self.cfg.min_net_gain * len(k.steps):
+                        found = k
+            if found is None:
+                break
+            s = self._chains(self._improve(found, limit), limit)
+        return s
+
+    def _forced(self, s: _Search, k: int, c: int) -> _Step:
+        """Row ``k`` to candidate ``c`` (or home) whatever it scores, as a step with its score and parts."""
+        H, m = self.cfg.amortization_seconds, self.cfg.gain_margin
+        i = int(s.mov[k])
+        before = self.model.evaluate(s.st)
+        was = float(self._mcur(s, np.array([k]))[0])
+        saved = (s.st.F.copy(), s.st.S[i].copy(), int(s.placed[k]))
+        self._place(s, k, c)
+        after = self.model.evaluate(s.st)
+        now = float(self._mcur(s, np.array([k]))[0])
+        s.st.F[:] = saved[0]
+        s.st.S[i] = saved[1]
+        s.placed[k] = saved[2]
+        parts = {n: after[n] - before[n] for n in before}
+        return _Step(k, c, -H * sum(parts.values()) - (1.0 + m) * (now - was), parts)
+
+    def _singles(self, s: _Search, limit: int) -> None:
+        """Best single moves (above ``min_net_gain``) until none is left."""
+        for _ in range(4 * limit + 8):
+            step = self._best_single(s, self._allowed(s, limit), self.cfg.min_net_gain)
+            if step is None:
+                return
+            self._apply(s, step)
+
+    def _chains(self, s: _Search, limit: int) -> _Search:
+        """Small problems: three-move chains, then local improvement again.
+
+        A replacement frees one move, but the container that should take it may pay only once a moved
+        one makes room (fragmented-pools: A goes home, B moves within its node, C takes B's place) or a
+        moved one goes elsewhere too (bandwidth-hogs: a hog goes home, another hog's destination and a
+        third hog's move change together); no single move or pair on the way pays. Each moved container
+        is sent home in turn and the best pair is searched after it (see :meth:`_best_pair`); the chain
+        is taken when the three moves together gain more than ``min_net_gain``. At most ``limit + 4``
+        chains a round: each lowers ``J``, and the work stays a few pair searches per moved container."""
+        for _ in range(limit + 4):
+            chain = self._best_chain(s, limit)
+            if chain is None:
+                break
+            for step in chain:
+                self._apply(s, step)
+            s = self._improve(s, limit)
+        return s
+
+    def _best_chain(self, s: _Search, limit: int) -> list[_Step] | None:
+        """The best (home, pair) chain from ``s`` gaining more than ``min_net_gain``, or None."""
+        H, m = self.cfg.amortization_seconds, self.cfg.gain_margin
+        before = self.model.evaluate(s.st)
+        best: list[_Step] | None = None
+        best_value = self.cfg.min_net_gain
+        for a in np.flatnonzero(s.placed >= 0).tolist():
+            i = int(s.mov[a])
+            saved = (s.st.F.copy(), s.st.S[i].copy(), int(s.placed[a]))
+            freed = float(s.mig[a, saved[2]])
+            home = int(s.prob.current[i])
+            self._place(s, a, home)
+            after = self.model.evaluate(s.st)
+            parts = {n: after[n] - before[n] for n in before}
+            v0 = -H * sum(parts.values()) + (1.0 + m) * freed
+            ks = self._allowed(s, limit)
+            ks = ks[ks != a]
+            seen: dict[int, float] = {}
+            self._top_singles(s, ks, -np.inf, 1, seen)
+            pair = self._best_pair(s, ks, limit, seen, floor=best_value - v0) if len(ks) else None
+            s.st.F[:] = saved[0]
+            s.st.S[i] = saved[1]
+            s.placed[a] = saved[2]
+            if pair is not None and v0 + pair[0].score + pair[1].score > best_value:
+                best_value = v0 + pair[0].score + pair[1].score
+                best = [_Step(a, home, v0, parts, enables=pair[0].row), pair[0], pair[1]]
         return best
 
     def _descend(self, root: _Search, limit: int, pairs_every_step: bool = True) -> _Search:
@@ -407,8 +532,8 @@ class Planner:
         return k * k * prob.cands.n <= PAIR_WORK
 
     def _best_pair(self, s: _Search, ks: np.ndarray, limit: int, seen: dict[int, float],
-                   replacements: bool = False) -> tuple[_Step, _Step] | None:
-        """Two consecutive moves that together gain the most (above ``min_net_gain``).
+                   replacements: bool = False, floor: float | None = None) -> tuple[_Step, _Step] | None:
+        """Two consecutive moves that together gain the most (above ``floor``, default ``min_net_gain``).
 
         First moves: on small problems every (row, destination); on large ones the rows of
         :meth:`_first_moves`, each with its ``PAIR_FIRST`` best destinations (so no row uses up the
@@ -450,7 +575,7 @@ class Planner:
                 self._place(s, first, int(c1))
                 rest = self._allowed(s, limit)
                 rest = rest[rest != first]
-                need = self.cfg.min_net_gain - v1
+                need = (self.cfg.min_net_gain if floor is None else floor) - v1
                 if best is not None:
                     need = max(need, best[0].score + best[1].score - v1)
                 step2 = self._best_single(s, rest, need) if len(rest) else None
