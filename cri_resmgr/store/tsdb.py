@@ -776,12 +776,10 @@ class Store:
         """Write one row: every sample of ``samples`` at time ``t`` into ``table``."""
         with self._lock:
             tab = self.table(table, interval_seconds)
-            last = tab.last_time()
-            if last is not None and t <= last:
-                if t < last:
-                    self.rows_out_of_order += 1
-                    return
-                t = float(np.nextafter(last, np.inf))  # the same instant twice: keep order by nudging
+            row_t = self._row_time(tab, t)
+            if row_t is None:
+                return
+            t = row_t
             cols: list[int] = []
             vals: list[float] = []
             fast = tab.fast_col  # (metric, labels as given) -> column: skips sorting for known series
@@ -801,6 +799,17 @@ class Store:
             if tab.seq % max(1, tab.capacity // 4) == 0:
                 self._reclaim(tab)
 
+    def _row_time(self, tab: Table, t: float) -> float | None:
+        """The time a new row of ``tab`` is written at: ``t``, nudged past the newest row when it is the same
+        instant (order kept); None, counted, for a row older than the newest."""
+        last = tab.last_time()
+        if last is None or t > last:
+            return t
+        if t < last:
+            self.rows_out_of_order += 1
+            return None
+        return float(np.nextafter(last, np.inf))
+
     def _column_of(self, tab: Table, metric: str, labels: Mapping[str, str]) -> int | None:
         """The column of a series in ``tab``, made if new; None when refused at max_series."""
         lk = self._labels_key(labels)
@@ -816,12 +825,10 @@ class Store:
         operations, whatever the number of series."""
         with self._lock:
             tab = self.table(table, interval_seconds)
-            last = tab.last_time()
-            if last is not None and t <= last:
-                if t < last:
-                    self.rows_out_of_order += 1
-                    return
-                t = float(np.nextafter(last, np.inf))
+            row_t = self._row_time(tab, t)
+            if row_t is None:
+                return
+            t = row_t
             values = np.asarray(row.values, dtype=np.float64)
             plan = self._plans.get(table)
             if plan is None or plan.keys is not row.keys or not plan.valid_for(tab):
