@@ -9,8 +9,12 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import shutil
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 from cri_resmgr.placement.context import ContainerContext
 from cri_resmgr.placement.model import Kind
@@ -31,6 +35,24 @@ def unavailable(*controllers: str) -> str | None:
         if v1_hierarchy(c) is None:
             return f"no cgroup v1 {c} hierarchy at {CGROUP / c}"
     return None
+
+
+@contextlib.contextmanager
+def loop_device(tmp: Path, size: int) -> Iterator[tuple[str, str]]:
+    """A loop device over a sparse file of ``size`` bytes: its path and ``major:minor``; detached afterwards.
+    Skips the test with the reason where there is none to be had."""
+    if os.geteuid() != 0 or not Path("/dev/loop-control").exists() or not shutil.which("losetup"):
+        pytest.skip("needs root, /dev/loop-control and losetup (Debian package mount)")
+    img = tmp / "disk.img"
+    with open(img, "wb") as f:
+        f.truncate(size)
+    dev = subprocess.run(["losetup", "--find", "--show", str(img)], check=True, capture_output=True,
+                         text=True).stdout.strip()
+    try:
+        st = os.stat(dev)
+        yield dev, f"{os.major(st.st_rdev)}:{os.minor(st.st_rdev)}"
+    finally:
+        subprocess.run(["losetup", "-d", dev], check=False)
 
 
 _bfq_reason: list[str | None] = []

@@ -4,7 +4,6 @@ including a measured throttle on a loop device, and the v2 io.max/io.weight form
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -15,7 +14,7 @@ from cri_resmgr.config import build_config
 from cri_resmgr.placement.controllers.base import ControlError, Plan
 from cri_resmgr.placement.controllers.blockio import BlockioController, parse_device_values, parse_io_max
 
-from .controller_cgroups import CGROUP, Sandbox, bfq_missing, context, unavailable
+from .controller_cgroups import CGROUP, Sandbox, bfq_missing, context, loop_device, unavailable
 
 MiB = 1 << 20
 
@@ -43,15 +42,8 @@ def sandbox():
 
 @pytest.fixture
 def loopdev(tmp_path):
-    if os.geteuid() != 0 or not Path("/dev/loop-control").exists() or not shutil.which("losetup"):
-        pytest.skip("needs root, /dev/loop-control and losetup (Debian package mount)")
-    img = tmp_path / "disk.img"
-    with open(img, "wb") as f:
-        f.truncate(64 * MiB)
-    dev = subprocess.run(["losetup", "--find", "--show", str(img)], check=True, capture_output=True,
-                         text=True).stdout.strip()
-    yield dev
-    subprocess.run(["losetup", "-d", dev], check=False)
+    with loop_device(tmp_path, 64 * MiB) as (dev, _):
+        yield dev
 
 
 def test_parsers_read_the_kernel_formats():

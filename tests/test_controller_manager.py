@@ -4,8 +4,6 @@ on real cgroup v1 blkio and cpu files."""
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -18,7 +16,7 @@ from cri_resmgr.placement.controllers.classes import annotation_key, resolve_cla
 from cri_resmgr.placement.controllers.manager import ControlManager
 from cri_resmgr.placement.controllers.rt import RUNTIME
 
-from .controller_cgroups import CGROUP, Sandbox, bfq_missing, context, sample, unavailable
+from .controller_cgroups import CGROUP, Sandbox, bfq_missing, context, loop_device, sample, unavailable
 
 MiB = 1 << 20
 
@@ -42,18 +40,10 @@ def env(tmp_path):
         pytest.skip(why)
     if not (CGROUP / "cpu" / RUNTIME).exists():
         pytest.skip("kernel without CONFIG_RT_GROUP_SCHED")
-    if not Path("/dev/loop-control").exists() or not shutil.which("losetup"):
-        pytest.skip("needs /dev/loop-control and losetup (Debian package mount)")
-    img = tmp_path / "disk.img"
-    with open(img, "wb") as f:
-        f.truncate(16 * MiB)
-    dev = subprocess.run(["losetup", "--find", "--show", str(img)], check=True, capture_output=True,
-                         text=True).stdout.strip()
-    sb = Sandbox(("blkio", "cpu"))
-    st = os.stat(dev)
-    yield sb, dev, f"{os.major(st.st_rdev)}:{os.minor(st.st_rdev)}"
-    sb.cleanup()
-    subprocess.run(["losetup", "-d", dev], check=False)
+    with loop_device(tmp_path, 16 * MiB) as (dev, mm):
+        sb = Sandbox(("blkio", "cpu"))
+        yield sb, dev, mm
+        sb.cleanup()
 
 
 def config(dev: str, slow_bps: int = MiB, defaults: dict | None = None, rt: int = 10000, extra: dict | None = None):

@@ -26,7 +26,8 @@ from types import FrameType
 from typing import Any
 
 from ..config import Config, ConfigError
-from ..placement.api import ContainerView, InvariantView, MoveRecord, RelayState
+from ..placement.api import ContainerView, RelayState
+from ..placement.control import EngineControl
 from ..placement.controllers.manager import ControlManager
 from ..placement.engine import Engine, EngineSettings
 from ..runfiles import SocketInUse, StartupError, claim_run_dirs, claim_socket
@@ -45,7 +46,7 @@ SWITCH_INTERVAL_SECONDS = 0.0005
 FIRST_BACKOFF_SECONDS = 0.1
 
 
-class NriControl:
+class NriControl(EngineControl):
     """What the control socket (:mod:`cri_resmgr.relay.control`) serves, from the engine: the same methods as
     the relay's front end, so the rebalancer and the agent need not know which front end runs."""
 
@@ -54,27 +55,8 @@ class NriControl:
         self.port = port
         self.decorate = decorate
 
-    def move(self, container_id: str, cpus: str, mems: str | None = None, who: str = "unknown", why: str = "",
-             deadline: float | None = None, gain_by_term: dict[str, float] | None = None,
-             separates: list[dict[str, str | float]] | None = None) -> MoveRecord:
-        return self.engine.move(container_id, cpus, mems, who, why, deadline, gain_by_term, separates)
-
     def state(self) -> RelayState:
-        s = self.engine.state(self.port.describe())
-        if self.decorate is not None:
-            for v in s.containers:
-                self.decorate(v)
-        return s
-
-    def moves(self) -> list[MoveRecord]:
-        return self.engine.moves()
-
-    def reconcile(self) -> dict[str, int]:
-        return self.engine.reconcile().as_dict()
-
-    def invariants(self) -> InvariantView:
-        self.engine.check_and_repair()
-        return self.engine.invariant_view()
+        return self._decorated(self.engine.state(self.port.describe()))
 
 
 class NriProcess:

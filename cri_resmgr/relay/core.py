@@ -32,7 +32,8 @@ from google.protobuf.message import DecodeError
 
 from ..config import RelayConfig
 from ..placement.allocator import InsufficientCpus
-from ..placement.api import ContainerView, InvariantView, MoveRecord, RelayState
+from ..placement.api import ContainerView, RelayState
+from ..placement.control import EngineControl
 from ..placement.engine import ContainerRequest, Engine, Reservation
 from ..placement.runtime import PodRecord, RuntimeCallError
 from . import wire
@@ -239,7 +240,7 @@ HANDLERS: dict[str, type[Handler]] = {RT + h.__name__: h for h in (
 LIST = RT + "ListContainers"
 
 
-class CriFrontEnd(Hooks):
+class CriFrontEnd(Hooks, EngineControl):
     """The proxy's hooks: classification, per-method handlers, metrics, the message dump."""
 
     def __init__(self, cfg: RelayConfig, engine: Engine, runtime: RuntimeClient,
@@ -371,26 +372,7 @@ class CriFrontEnd(Hooks):
 
     # -- control socket -----------------------------------------------------------------------------
     def state(self) -> RelayState:
-        s = self.engine.state(self.runtime_version, self.problem[1] if self.problem else None)
-        if self.decorate is not None:
-            for v in s.containers:
-                self.decorate(v)
-        return s
-
-    def move(self, container_id: str, cpus: str, mems: str | None = None, who: str = "unknown", why: str = "",
-             deadline: float | None = None, gain_by_term: dict[str, float] | None = None,
-             separates: list[dict[str, str | float]] | None = None) -> MoveRecord:
-        return self.engine.move(container_id, cpus, mems, who, why, deadline, gain_by_term, separates)
-
-    def moves(self) -> list[MoveRecord]:
-        return self.engine.moves()
-
-    def reconcile(self) -> dict[str, int]:
-        return self.engine.reconcile().as_dict()
-
-    def invariants(self) -> InvariantView:
-        self.engine.check_and_repair()
-        return self.engine.invariant_view()
+        return self._decorated(self.engine.state(self.runtime_version, self.problem[1] if self.problem else None))
 
     def gauges(self) -> dict[str, float]:
         return self.engine.gauges()

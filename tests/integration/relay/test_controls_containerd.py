@@ -5,8 +5,6 @@ under a 1 MiB/s class is held to 1 MiB/s (± 20%)."""
 
 from __future__ import annotations
 
-import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -20,7 +18,7 @@ from cri_api.v1 import api_pb2 as pb
 from cri_resmgr.placement.controllers.blockio import parse_device_values
 from cri_resmgr.placement.controllers.rt import RUNTIME
 
-from ...controller_cgroups import bfq_missing, sample
+from ...controller_cgroups import bfq_missing, loop_device, sample
 from ..cri import PodSpec, container_config
 from ..helpers import AgentProcess, wait_for
 from .harness import RelayProcess
@@ -40,16 +38,8 @@ def loopdev(tmp_path):
         pytest.skip("no cgroup v1 blkio hierarchy with throttling")
     if not (CPU / RUNTIME).exists():
         pytest.skip("no cgroup v1 cpu.rt_runtime_us (RT group scheduling)")
-    if not Path("/dev/loop-control").exists() or not shutil.which("losetup"):
-        pytest.skip("needs /dev/loop-control and losetup (Debian package mount)")
-    img = tmp_path / "disk.img"
-    with open(img, "wb") as f:
-        f.truncate(32 * MiB)
-    dev = subprocess.run(["losetup", "--find", "--show", str(img)], check=True, capture_output=True,
-                         text=True).stdout.strip()
-    st = os.stat(dev)
-    yield dev, f"{os.major(st.st_rdev)}:{os.minor(st.st_rdev)}"
-    subprocess.run(["losetup", "-d", dev], check=False)
+    with loop_device(tmp_path, 32 * MiB) as dev_mm:
+        yield dev_mm
 
 
 def controls(dev: str, write_bps: int, rt_us: int) -> dict:
