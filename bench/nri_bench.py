@@ -12,11 +12,13 @@ A third daemon has a do-nothing NRI plugin (bench/nri_null_plugin.py: same event
 overhead splits honestly into containerd's own per-event NRI cost (null / without: building the messages, the
 round trips; no placement plugin can avoid it) and cri-resmgr's (with / null: its hooks, the updates its answers
 make containerd apply, its CPU). The hook latency is the time from the request's arrival to the plugin's answer,
-as the plugin measures it (logged at debug level per request).
+as the plugin measures it (logged at debug level per request); for every answer over 2 ms, where its time went
+by the plugin's own trace (cri_resmgr/nri/trace.py: on a CPU, waiting for one, asleep, stolen by the hypervisor,
+other threads' CPU, garbage collection), and the plugin's GC pauses over the run.
 
 Needs root, runc, busybox-static and access to the Debian archive (or a filled cache).
 
-    nice .venv/bin/python bench/nri_bench.py [--lifecycles 40] [--background N]
+    nice .venv/bin/python bench/nri_bench.py [--lifecycles 40] [--background N] [--keep-log FILE]
 """
 
 from __future__ import annotations
@@ -62,11 +64,33 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def cpu_times() -> list[int]:
+    # proc(5): /proc/stat "cpu" line: user nice system idle iowait irq softirq steal ... in clock ticks
+    return [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+
+
 def hook_latencies(log: str) -> dict[str, list[float]]:
     out: dict[str, list[float]] = {}
     for ev, _result, sec in re.findall(r"request (\w+) (\w+) ([0-9.]+)s", log):
         out.setdefault(ev, []).append(float(sec))
     return out
+
+
+SLOW = re.compile(r"slow NRI answer: (\w+) ([0-9.]+) ms: cpu ([0-9.]+), run queue ([0-9.]+), blocked ([0-9.]+), "
+                  r"steal ([0-9.]+) \(other threads on a CPU ([0-9.]+), GC ([0-9.]+);.*?cause (\w+)")
+
+
+def slow_answers(log: str) -> list[tuple[str, float, float, float, float, float, float, float, str]]:
+    """The plugin's "slow NRI answer" lines (cri_resmgr/nri/trace.py): event, wall, cpu, run queue, blocked,
+    steal, other threads' CPU, GC (ms), cause."""
+    return [(ev, *map(float, nums), cause) for ev, *nums, cause in SLOW.findall(log)]
+
+
+def gc_line(metrics: str) -> str:
+    got = {(k, g): float(v) for k, g, v in re.findall(
+        r'^cri_resmgr_nri_gc_(pauses_total|pause_time_seconds_total)\{generation="(\d)"\} (\S+)', metrics, re.M)}
+    return ", ".join(f"gen {g}: {got.get(('pauses_total', g), 0):.0f} "
+                     f"({got.get(('pause_time_seconds_total', g), 0) * 1e3:.1f} ms)" for g in "012")
 
 
 def main() -> int:
@@ -81,6 +105,8 @@ def main() -> int:
     ap.add_argument("--background", type=int, default=0, metavar="N",
                     help="N BestEffort pods (one running container each) kept alive on every daemon throughout: "
                          "each exclusive create and stop then moves N shared containers (pool updates measured)")
+    ap.add_argument("--keep-log", type=Path, default=None, metavar="FILE",
+                    help="copy the plugin's log (every answer's time breakdown, at debug level) to FILE")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="crirm-nri-bench-"))
     try:
@@ -116,10 +142,12 @@ def main() -> int:
                 lifecycle(k, i, args.pods)
         lat: dict[str, list[float]] = {name: [] for name, _k in daemons}
         cpu0, null_cpu0 = cpu_seconds(plugin.proc.pid), cpu_seconds(null_plugin.pid)
+        machine0 = cpu_times()
         for i in range(args.lifecycles):
             # rotate which daemon goes first so that none always runs right after another
             for name, k in daemons[i % 3:] + daemons[:i % 3]:
                 lat[name].append(lifecycle(k, i, args.pods))
+        machine = [b - a for a, b in zip(machine0, cpu_times(), strict=True)]
         what = "BestEffort and Guaranteed 1-CPU alternating" if args.pods == "mixed" else "BestEffort only"
         if args.background:
             what += f"; {args.background} BestEffort pods running throughout"
@@ -141,6 +169,10 @@ def main() -> int:
         null_cpu = cpu_seconds(null_plugin.pid) - null_cpu0
         print(f"plugin process CPU time: {cpu * 1e3 / args.lifecycles:.1f} ms per lifecycle (all its threads: "
               f"hooks, cache persistence, reconcile); the null plugin's: {null_cpu * 1e3 / args.lifecycles:.1f} ms")
+        total = sum(machine) or 1
+        busy = (total - machine[3] - machine[4]) / total
+        print(f"machine during the lifecycles (/proc/stat, all CPUs): busy {busy:.0%}, steal {machine[7] / total:.1%} "
+              "(the hypervisor running something else on this VM's CPUs)")
         hooks = hook_latencies(plugin.log())
         print(f"\nhook answer latency inside the plugin (request decoded -> answer ready), over "
               f"{sum(len(v) for v in hooks.values())} requests")
@@ -151,8 +183,22 @@ def main() -> int:
         create = hooks.get("CreateContainer", [])
         if create:
             print(f"CreateContainer p99 {pct(create, 0.99) * 1e3:.3f} ms (target <= 2 ms; containerd's timeout 2 s)")
+        slow = slow_answers(plugin.log())
+        print(f"\nanswers over 2 ms, where their time went (ms; the plugin's own trace), {len(slow)} of them")
+        print(f"{'event':>18} {'wall':>6} {'cpu':>6} {'runq':>6} {'blocked':>7} {'steal':>6} {'others':>6} {'gc':>5} "
+              "cause")
+        for ev, wall, cpu_ms, runq, blocked, steal, others, gcs, cause in sorted(slow, key=lambda x: -x[1])[:20]:
+            print(f"{ev:>18} {wall:6.2f} {cpu_ms:6.2f} {runq:6.2f} {blocked:7.2f} {steal:6.2f} {others:6.2f} "
+                  f"{gcs:5.2f} {cause}")
+        causes: dict[str, int] = {}
+        for *_, cause in slow:
+            causes[cause] = causes.get(cause, 0) + 1
+        print("causes of answers over 2 ms:", ", ".join(f"{k} {v}" for k, v in sorted(causes.items())) or "none")
+        print("plugin GC pauses (whole run):", gc_line(plugin.client().metrics()))
     finally:
         plugin.stop()
+        if args.keep_log:
+            shutil.copyfile(plugin.log_path, args.keep_log)
         null_plugin.terminate()
         try:
             null_plugin.wait(10)

@@ -12,8 +12,9 @@ client). Then, with a few pods running so that ListContainers has something to s
    (an affinity list naming 1,000 containers among them) with 500 containers in the relay's cache: relay,
    direct, and direct with the cpuset the relay writes ("direct+cpuset"), interleaved in rotating order, each
    create after a pause (``--settle-ms``) so that it meets an idle runtime (the previous create's pool updates
-   done), each created container removed again: medians, p90, the paired (same round) differences, and the
-   relay's own time per create (worker wait, rewrite hook, forward; from its control socket).
+   done), each created container removed again: medians, p90, the paired (same round) differences, and where
+   a create through the relay spends its time, point by point (the relay's time stamps, from its control
+   socket's Timings call, set against the bench's own clock: both are CLOCK_MONOTONIC).
 
 Needs root, containerd, runc and busybox-static (``make test`` installs them).
 
@@ -132,6 +133,7 @@ def crowded_creates(kd: Kubelet, kr: Kubelet, control, n_cached: int, n: int, se
             "relay": (kr, kr.run_pod(PodSpec("annotated-r", qos="Guaranteed", annotations=ann))),
             "direct+cpuset": (kd, kd.run_pod(PodSpec("annotated-c", qos="Guaranteed", annotations=ann)))}
     lat: dict[str, list[float]] = {k: [] for k in pods}
+    spans: list[tuple[float, float]] = []  # the relay's creates as the client saw them (perf_counter)
     order = list(pods)
     warm = 3
     for i in range(n + warm):
@@ -143,11 +145,14 @@ def crowded_creates(kd: Kubelet, kr: Kubelet, control, n_cached: int, n: int, se
             time.sleep(settle)  # the previous create's and remove's after-effects (pool updates) are over
             t0 = time.perf_counter()
             cid = kube.create(pod, cfg)
-            dt = time.perf_counter() - t0
+            t1 = time.perf_counter()
+            dt = t1 - t0
             kube.c.runtime.RemoveContainer(pb.RemoveContainerRequest(container_id=cid), timeout=30)
             pod.containers.pop(cfg.metadata.name, None)
             if i >= warm:
                 lat[k].append(dt)
+                if k == "relay":
+                    spans.append((t0, t1))
     d50 = statistics.median(lat["direct"])
     for k, xs in lat.items():
         m = statistics.median(xs)
@@ -157,11 +162,51 @@ def crowded_creates(kd: Kubelet, kr: Kubelet, control, n_cached: int, n: int, se
         diffs = [r - b for r, b in zip(lat["relay"], lat[base], strict=True)]
         print(f"    relay - {base:13s} paired (same round): median {1e3 * statistics.median(diffs):+.2f} ms  "
               f"p25 {1e3 * pct(diffs, 0.25):+.2f}  p75 {1e3 * pct(diffs, 0.75):+.2f} ms")
-    samples = control.rewrite_timings().get("CreateContainer", [])[-n:]
-    if samples:
-        q, h, p = (statistics.median(x[j] for x in samples) for j in range(3))
-        print(f"    relay's own time per create (median of {len(samples)}): waiting for a worker {1e3 * q:.3f} ms, "
-              f"rewrite hook {1e3 * h:.3f} ms, hook return to forward {1e3 * p:.3f} ms")
+    where_the_time_goes(spans, control.rewrite_timings().get("CreateContainer", []), lat["direct"])
+
+
+# A create through the relay, point by point: the client's clock and the relay's are both CLOCK_MONOTONIC
+# (time.perf_counter on Linux), so the relay's time stamps (control socket: Timings) fall inside the client's span.
+SEGMENTS = (
+    ("client sends -> relay reads it", lambda c0, t, c1: t.arrived - c0),
+    ("read -> HEADERS parsed (HPACK)", lambda c0, t, c1: t.headers - t.arrived),
+    ("HEADERS -> request complete (45 kB in)", lambda c0, t, c1: t.held - t.headers),
+    ("waiting for the hook", lambda c0, t, c1: t.started - t.held),
+    ("rewrite hook", lambda c0, t, c1: t.returned - t.started),
+    ("hook -> handed to runtime socket", lambda c0, t, c1: t.forwarded - t.returned),
+    ("runtime: forwarded -> response HEADERS", lambda c0, t, c1: t.response - t.forwarded),
+    ("response HEADERS -> trailers", lambda c0, t, c1: t.response_end - t.response),
+    ("trailers -> answer handed to client socket", lambda c0, t, c1: t.answered - t.response_end),
+    ("answer handed -> client returns", lambda c0, t, c1: c1 - t.answered),
+    ("(after the answer: completion hook)", lambda c0, t, c1: t.completed - t.answered),
+)
+
+
+def where_the_time_goes(spans: list[tuple[float, float]], timings: list, direct: list[float]) -> None:
+    matched = []
+    for c0, c1 in spans:
+        t = next((t for t in timings if c0 <= t.headers <= c1), None)
+        if t is not None and t.answered:
+            matched.append((c0, t, c1))
+    if not matched:
+        print("    (no relay time stamps matched the creates)")
+        return
+    print(f"    a create through the relay, point by point (median over {len(matched)} creates; "
+          f"ms; p25 / p75):")
+    for name, f in SEGMENTS:
+        xs = [f(*m) for m in matched]
+        print(f"      {name:46s} {1e3 * statistics.median(xs):7.3f}   {1e3 * pct(xs, 0.25):7.3f} / "
+              f"{1e3 * pct(xs, 0.75):7.3f}")
+    outside = [(t.arrived - c0) + (c1 - t.answered) for c0, t, c1 in matched]
+    inside = [(t.forwarded - t.arrived) + (t.answered - t.response) for c0, t, c1 in matched]  # on the path
+    runtime = [t.response - t.forwarded for c0, t, c1 in matched]
+    print(f"      relay's own (before forward + after response) {1e3 * statistics.median(inside):7.3f} ms; "
+          f"client<->relay hops {1e3 * statistics.median(outside):.3f} ms; runtime leg "
+          f"{1e3 * statistics.median(runtime):.2f} ms vs direct create {1e3 * statistics.median(direct):.2f} ms")
+    reads = [t.reads for _c0, t, _c1 in matched]
+    buffered = [t.upstream_buffered for _c0, t, _c1 in matched]
+    print(f"      client reads per request: median {statistics.median(reads):g}, max {max(reads)}; "
+          f"bytes the runtime's socket did not take at once: max {max(buffered)}")
 
 
 def main() -> int:

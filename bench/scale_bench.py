@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import resource
 import subprocess
@@ -50,6 +51,31 @@ def _rss_kib() -> int:
 def _cpu() -> float:
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
+
+
+def _thread_cpu() -> dict[str, float]:
+    """CPU seconds (user + system) of each live thread of this process, by Python thread name (threads not
+    started by Python, e.g. py-spy's or numpy's, under their kernel name)."""
+    import threading
+
+    names = {t.native_id: t.name for t in threading.enumerate() if t.native_id is not None}
+    tick = os.sysconf("SC_CLK_TCK")
+    out: dict[str, float] = {}
+    for d in Path("/proc/self/task").iterdir():
+        try:
+            stat = (d / "stat").read_text()
+        except OSError:  # the thread ended
+            continue
+        comm, fields = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:].split()
+        name = names.get(int(d.name), comm)
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
+def _timed_render(expo) -> float:
+    t = time.perf_counter()
+    expo.render()
+    return time.perf_counter() - t
 
 
 def _floor(binary: str, paths: list[str], cycles: int, tmp: str) -> tuple[float, float]:
@@ -112,6 +138,8 @@ def child_collector(spec: dict) -> dict:
 
     for _ in range(3):
         cycle()
+    if name in ("cgroup", "rdt"):
+        col.read_log = []  # the files each timed cycle reads: the floor reads the same, cycle by cycle
     cycles = spec["cycles"]
     per = []
     c0 = _cpu()
@@ -122,13 +150,21 @@ def child_collector(spec: dict) -> dict:
     cpu = (_cpu() - c0) / cycles
     files: list[str] = []
     layout = detect_layout(root)
+    floor_all = None
+    n_files = 0.0
     if name == "cgroup":
-        files = [p for i in cg.identities(layout) for p in _paths(layout, i.cgroup_path, True) if p]
+        every = [p for i in cg.identities(layout) for p in _paths(layout, i.cgroup_path, True) if p]
+        floor_all = _floor(spec["floor"], every, max(3, cycles), spec["tmp"])  # every file of every container
+        log = cg.read_log or []
+        files = [p for c in log for p in (*c, "%%")]  # each timed cycle's files, for the floor's cycle by cycle
+        n_files = sum(map(len, log)) / max(1, len(log))
     elif name == "rdt":
-        files = col.read_paths(layout)
+        log = col.read_log or []
+        files = [p for c in log for p in (*c, "%%")]  # as for cgroup: idle containers' counters are not read
+        n_files = sum(map(len, log)) / max(1, len(log))
     floor = _floor(spec["floor"], files, max(3, cycles), spec["tmp"]) if files else None
-    out = {"cpu_per_cycle_s": cpu, "samples": store.series_count, "files": len(files), "floor": floor,
-           "status": col.status() or ""}
+    out = {"cpu_per_cycle_s": cpu, "samples": store.series_count, "files": n_files, "floor": floor,
+           "floor_all": floor_all, "status": col.status() or ""}
     col.close()
     return out
 
@@ -161,12 +197,29 @@ def child_agent(spec: dict) -> dict:
                                 "--pid", str(os.getpid()), "--duration", str(int(spec["seconds"])), "--rate", "200",
                                 "--format", "raw", "-o", spec["profile"]], stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL)
-    c0, w0 = _cpu(), time.monotonic()
+    c0, w0, th0 = _cpu(), time.monotonic(), _thread_cpu()
     time.sleep(spec["seconds"])
-    cpu_share = (_cpu() - c0) / (time.monotonic() - w0)
+    wall = time.monotonic() - w0
+    cpu_share = (_cpu() - c0) / wall
+    th1 = _thread_cpu()
+    threads = {k: (v - th0.get(k, 0.0)) / wall for k, v in th1.items() if v - th0.get(k, 0.0) > 0}
     if spy is not None:
         spy.wait()
     rss = _rss_kib()
+    if spec.get("memory"):  # where the RSS is: heap freed but kept by malloc, Python objects by type
+        import ctypes
+        import gc
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+        notes_mem = [f"RSS {rss / 1024:.1f} MB, after malloc_trim {_rss_kib() / 1024:.1f} MB"]
+        sizes: dict[str, list[int]] = {}
+        for o in gc.get_objects():
+            e = sizes.setdefault(type(o).__name__, [0, 0])
+            e[0] += 1
+            e[1] += sys.getsizeof(o)
+        top = sorted(sizes.items(), key=lambda kv: -kv[1][1])[:10]
+        notes_mem.append("gc-tracked objects (shallow): "
+                         + ", ".join(f"{k} {n} {b / 2**20:.1f} MB" for k, (n, b) in top))
     expo = Exposition(agent.store, agent.self_metrics)
     times = []
     size = 0
@@ -175,9 +228,58 @@ def child_agent(spec: dict) -> dict:
         size = len(expo.render())
         times.append(time.perf_counter() - t)
     health = {n: (h.up, h.reason[:160], h.last_duration_seconds) for n, h in agent.health.items()}
+    # The 30 s rebalancer round and the 60 s checkpoint may fall outside a short window: one of each, timed
+    # here (CPU of this thread) on the agent's store as the window left it.
+    once = {}
+    notes: dict[str, str] = {}
+    if spec.get("memory"):
+        notes["memory"] = "; ".join(notes_mem)
+    if agent.rebalancer is not None:
+        t = time.thread_time()
+        agent.rebalancer.engine.run_once(now=agent.now())
+        once["rebalancer_round_ms"] = (time.thread_time() - t) * 1e3
+        if hasattr(agent.rebalancer, "tick"):  # a round of the loop, which may skip when nothing changed
+            t = time.thread_time()
+            agent.rebalancer.tick()
+            once["rebalancer_tick_ms"] = (time.thread_time() - t) * 1e3
+            gate = agent.rebalancer.gate
+            notes["rebalancer"] = (f"rounds planned {gate.planned_total}, skipped {gate.skipped_total}; last planned "
+                                   f"because: {gate.last_plan_reason}")
+    from cri_resmgr.store import checkpoint
+
+    # The agent's own checkpoint writer where it has one (it may write only what changed since its last
+    # checkpoint); the first checkpoint of the run, then the next one after the collectors ran for 5 s more.
+    save = agent.checkpointer.save if hasattr(agent, "checkpointer") else checkpoint.save
+    for k in range(2):
+        if k:
+            time.sleep(5)
+        t = time.thread_time()
+        path = save(agent.store, agent.state_dir)
+        once[f"checkpoint{k}_ms"] = (time.thread_time() - t) * 1e3
+        once[f"checkpoint{k}_dir_mb"] = sum(f.stat().st_size for f in path.parent.iterdir()
+                                            if f.name.startswith("store.")) / 1e6
+        if hasattr(agent, "checkpointer"):
+            once[f"checkpoint{k}_written_mb"] = agent.checkpointer.last.bytes_written / 1e6
+    # /metrics as a Prometheus scrape sees it: 5 s after the last one (the collectors wrote rows between), not
+    # straight after another render. One after the 5 s of the checkpoints, two more 5 s apart.
+    spaced = [_timed_render(expo)]
+    for k in range(2, 5):
+        if k > 2:
+            time.sleep(5)
+            spaced.append(_timed_render(expo))
+        if agent.rebalancer is not None and hasattr(agent.rebalancer, "tick"):  # more ticks, 5 s apart
+            t = time.thread_time()
+            rec = agent.rebalancer.tick()
+            once[f"rebalancer_tick{k}_ms"] = (time.thread_time() - t) * 1e3
+            gate = agent.rebalancer.gate
+            notes[f"rebalancer tick {k}"] = ("planned because: " + str(gate.last_plan_reason) if rec is not None
+                                             else "skipped: " + str(gate.last_skip.reason if gate.last_skip else None))
+    once["metrics_spaced_ms"] = sorted(spaced)[1] * 1e3
+    with agent.store.lock:
+        once["store_rows_mb"] = sum(t.nbytes() for t in agent.store.tables.values()) / 2**20
     out = {"cpu_share": cpu_share, "rss_mb": rss / 1024, "projected_mb": _projected_rss(rss, agent.store),
            "series": agent.store.series_count, "metrics_ms": sorted(times)[2] * 1e3, "metrics_bytes": size,
-           "health": health}
+           "health": health, "threads": threads, "once": once, "notes": notes}
     agent.stop()
     return out
 
@@ -206,6 +308,8 @@ def main() -> None:
     ap.add_argument("--profile", type=Path, help="whole agent: write py-spy's collapsed stacks of each run here "
                     "(DIR/agent-N-interval-k.txt; needs py-spy in the venv)")
     ap.add_argument("--agent-only", action="store_true", help="skip the per-collector runs")
+    ap.add_argument("--memory", action="store_true", help="whole agent: after the window, RSS after malloc_trim "
+                    "and the Python objects by type")
     ap.add_argument("--collectors-only", action="store_true", help="skip the whole-agent runs")
     ap.add_argument("--switch-interval", type=float, action="append", default=None,
                     help="whole agent: sys.setswitchinterval in the agent (as serve.py sets 0.001); repeat to run "
@@ -279,6 +383,7 @@ def main() -> None:
                     agents[(interval, who, k, sw)] = run_child(
                         "agent", {**base, "tmp": str(d), "interval": interval, "seconds": args.seconds,
                                   "warmup": args.warmup, "perf_sw_events": args.perf_sw_events, "switch_interval": sw,
+                                  "memory": args.memory,
                                   "profile": str(args.profile / f"agent-{n}-{interval}-{k}.txt") if args.profile
                                   else None}, script)
             results.append((n, per, agents))
@@ -301,9 +406,13 @@ def main() -> None:
         for c, r in per.items():
             fl = r["floor"]
             ratio = f"{r['cpu_per_cycle_s'] / fl[0]:>8.1f}x" if fl and fl[0] > 0 else f"{'':>9}"
-            print(f"{c:<10}{r['cpu_per_cycle_s'] * 1e3:>9.2f} ms{r['samples']:>9}{r['files']:>8}"
+            print(f"{c:<10}{r['cpu_per_cycle_s'] * 1e3:>9.2f} ms{r['samples']:>9}{r['files']:>8.0f}"
                   + (f"{fl[0] * 1e3:>12.2f} ms{ratio}{fl[1] * 1e3:>10.2f} ms" if fl else f"{'':>15}{'':>9}{'':>13}")
                   + f"   {r['status'][:110]}")
+            if r.get("floor_all"):
+                fa = r["floor_all"][0]
+                print(f"{'':<10}(the C floor of reading every file of every container each cycle: {fa * 1e3:.2f} ms "
+                      f"pread; this collector's CPU per cycle is {r['cpu_per_cycle_s'] / fa:.2f}x that)")
         for (interval, who, k, sw), a in agents.items():
             label = "default intervals" if interval is None else f"all intervals {interval:g} s"
             if sw:
@@ -314,7 +423,15 @@ def main() -> None:
                 label += f", {'this checkout' if who == 'this' else args.compare} (run {k + 1})"
             print(f"whole agent, {label}: CPU {a['cpu_share'] * 100:.2f} % of a core (over {args.seconds:g} s), "
                   f"RSS {a['rss_mb']:.1f} MB now, {a['projected_mb']:.1f} MB projected at full retention, "
-                  f"{a['series']} series, /metrics {a['metrics_ms']:.1f} ms for {a['metrics_bytes'] / 1e6:.2f} MB")
+                  f"{a['series']} series, /metrics {a['metrics_ms']:.1f} ms for {a['metrics_bytes'] / 1e6:.2f} MB "
+                  f"(back to back; {a.get('once', {}).get('metrics_spaced_ms', math.nan):.1f} ms 5 s apart)")
+            if a.get("threads"):
+                print("    CPU by thread, % of a core: " + ", ".join(
+                    f"{k} {v * 100:.2f}" for k, v in sorted(a["threads"].items(), key=lambda kv: -kv[1])))
+            if a.get("once"):
+                print("    after the window, once: " + ", ".join(f"{k} {v:.1f}" for k, v in a["once"].items()))
+            for k, v in a.get("notes", {}).items():
+                print(f"    {k}: {v[:300]}")
             for name, (up, reason, dur) in a["health"].items():
                 print(f"    {name:<8} {'up' if up else 'down':<5} last cycle {dur * 1e3:7.1f} ms wall  {reason[:100]}")
 

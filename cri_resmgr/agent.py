@@ -25,6 +25,7 @@ from .collectors.sst import SstCollector
 from .config import Config, ConfigError, load_config
 from .export.exposition import DirectSample
 from .export.remote_write import RemoteWriter
+from .heap import fix_mmap_threshold, release_free_heap
 from .runfiles import acquire_lock
 from .store import Columns, Store, checkpoint
 from .supervise import LoopStatus, start_supervised
@@ -142,6 +143,8 @@ class Agent:
         self.clock = clock or SteadyClock()
         self.loops: dict[str, LoopStatus] = {}  # supervised background loops, /api/v1/loops
         self.checkpoint_errors_total = 0
+        # Remembers what is on disk: each checkpoint writes the blocks sealed since the last one (store/checkpoint.py)
+        self.checkpointer = checkpoint.Checkpointer()
         self._reload_lock = threading.Lock()  # SIGHUP and POST /api/v1/config/reload, one at a time
 
     def now(self) -> float:
@@ -153,6 +156,7 @@ class Agent:
 
     # -- lifecycle ---------------------------------------------------------------------------------
     def start(self) -> None:
+        fix_mmap_threshold()  # MB-sized temporaries go back to the OS when freed (heap.py)
         self.run_dir, self.state_dir, notes = prepare_dirs(self.cfg)
         for n in notes:
             log.warning(n)
@@ -163,7 +167,7 @@ class Agent:
             log.warning("no CPUs found under %s; per-CPU labels will be incomplete", self.cfg.paths.sysfs)
         self._build_collectors()
         if self.cfg.store.checkpoint:
-            res = checkpoint.restore(self.store, self.state_dir, self._interval_of, now=self.now())
+            res = self.checkpointer.restore(self.store, self.state_dir, self._interval_of, now=self.now())
             if res.error or res.note:
                 self.restore_note = res.error or res.note
             elif res.restored:
@@ -198,7 +202,7 @@ class Agent:
             self.remote_write.stop()  # after the collectors: their last rows are flushed too
         if self.cfg.store.checkpoint:
             try:
-                checkpoint.save(self.store, self.state_dir)
+                self.checkpointer.save(self.store, self.state_dir)
             except OSError as e:
                 log.error("final checkpoint failed: %s", e)
         for c in self.collectors.values():
@@ -283,8 +287,9 @@ class Agent:
     def _checkpoint_loop(self) -> None:
         while not self._stop.wait(self.cfg.store.checkpoint_interval_seconds):
             try:
-                checkpoint.save(self.store, self.state_dir)
+                self.checkpointer.save(self.store, self.state_dir)
                 self._logged_errors.pop("checkpoint", None)
+                release_free_heap()  # the checkpoint's and the last rebalancer round's transient arrays
             except OSError as e:  # a full or read-only disk: counted, retried next interval
                 self.checkpoint_errors_total += 1
                 self.loops["checkpoint"].last_error = f"checkpoint to {self.state_dir} failed: {e}"
@@ -347,6 +352,10 @@ class Agent:
         out.append(DirectSample(M.CLOCK_AHEAD, {}, float(self.clock.ahead_seconds)))
         for loop in self.loops.values():
             out.append(DirectSample(M.LOOP_RESTARTS, {"loop": loop.name}, float(loop.restarts_total)))
+        if self.rebalancer is not None:
+            gate = self.rebalancer.gate
+            out += [DirectSample(M.REBALANCER_ROUNDS, {"result": "planned"}, float(gate.planned_total)),
+                    DirectSample(M.REBALANCER_ROUNDS, {"result": "skipped"}, float(gate.skipped_total))]
         out += self.cardinality.self_metrics()
         out += [DirectSample(M.SERIES_DISABLED_SAMPLES, {"family": f}, float(n))
                 for f, n in sorted(self.series_filter.dropped_samples.items())]

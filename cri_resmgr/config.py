@@ -100,6 +100,11 @@ class CgroupCollectorConfig(_Strict):
     )
     names_refresh_seconds: float = Field(10.0, ge=1, le=86400)
     pressure: bool = Field(True, description="per-container PSI (cpu/memory/io.pressure of the v2 cgroup)")
+    idle_refresh_seconds: float = Field(
+        30.0, ge=0, le=3600,
+        description="a container whose CPU usage and cpuset did not change since the last run has its other files "
+                    "(memory, throttling, PSI) read at least this often, staggered over the runs; its series repeat "
+                    "the last values in between. 0: read every file of every container every run")
 
 
 class CpuCollectorConfig(_Strict):
@@ -259,6 +264,11 @@ class RebalancerConfig(_Strict):
     l3_bandwidth_bytes_per_second: float | None = Field(None, gt=0, description="per L3 domain; unset: no limit")
     applier: Literal["auto", "relay", "cgroup"] = Field("auto", description="auto: the relay's move API if present")
     history_size: int = Field(100, ge=1)
+    skip_threshold: float = Field(
+        0.1, ge=0, description="skip a round's planning while no input moved by more than this fraction (of its "
+        "value at the last planned round, or of a floor per signal: 1 CPU, 8 MiB, 1 GB/s, 1e6 misses/s); 0: plan "
+        "every round")
+    max_skip_seconds: float = Field(300.0, ge=0, description="plan at least this often, whatever changed")
     weights: RebalancerWeights = Field(default_factory=RebalancerWeights)
     migration: MigrationCostConfig = Field(default_factory=MigrationCostConfig)
     overrides: list[RebalancerOverride] = Field(default_factory=list)

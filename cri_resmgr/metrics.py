@@ -249,6 +249,10 @@ REBALANCER_COST = define("rebalancer", "cost", "gauge",
                          labels=("when",))
 REBALANCER_PLAN_DURATION = define("rebalancer", "plan_duration", "gauge",
                                   "Time the last rebalancing round took to read inputs and plan.", "seconds", labels=())
+REBALANCER_ROUNDS = define("rebalancer", "rounds", "counter",
+                           "Rebalancer rounds of the agent's loop, by result: planned, or skipped (no input had "
+                           "changed by more than rebalancer.skip_threshold since the last planned round).",
+                           labels=("result",))
 # agent self-metrics
 COLLECTOR_UP = define("collector", "up", "gauge", "1 when the collector's source is available and working.",
                       labels=("collector",))
@@ -365,3 +369,20 @@ NRI_REQUEST_DURATION = define(
     labels=("event",),
 )
 NRI_CONNECTED = define("nri", "connected", "gauge", "1 while the plugin is registered with the runtime.", labels=())
+NRI_REQUEST_TIME = define(
+    "nri", "request_time", "counter",
+    "Where the NRI plugin's answer time went, by event and part: cpu (the answering thread on a CPU), runqueue "
+    "(runnable, waiting for a CPU), blocked (waiting for the interpreter lock, a lock or I/O), steal (not on a CPU, "
+    "not asleep, not queued: the hypervisor's steal time or interrupts).", "seconds",
+    labels=("event", "part"),
+)
+NRI_SLOW_REQUESTS = define(
+    "nri", "slow_requests", "counter",
+    "NRI requests answered in more than 2 ms, by event and their largest part (cpu, runqueue, blocked, steal, gc).",
+    labels=("event", "cause"),
+)
+NRI_GC_PAUSES = define("nri", "gc_pauses", "counter", "Garbage collections in the NRI plugin, by generation.",
+                       labels=("generation",))
+NRI_GC_PAUSE_TIME = define("nri", "gc_pause_time", "counter",
+                           "Time the NRI plugin spent in garbage collection, by generation.", "seconds",
+                           labels=("generation",))

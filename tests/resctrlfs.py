@@ -414,6 +414,10 @@ class ResctrlEmulator:
                 return 0
 
             def read(self, path, size, offset, fh):
+                if path is None:
+                    # A file read through a descriptor kept open after its group was removed: kernfs answers
+                    # ENODEV for a removed node.
+                    raise mfusepy.FuseOSError(errno.ENODEV)
                 with emu.lock:
                     node = emu._resolve(path)
                 return node[1].encode()[offset:offset + size]

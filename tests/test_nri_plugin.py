@@ -5,6 +5,7 @@ exchanges is covered against a real containerd 1.7 in tests/integration/nri/."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 
@@ -232,9 +233,10 @@ def test_direct_event_calls_of_newer_runtimes_do_what_state_change_does(topology
 
 
 def test_hooks_wake_the_engines_threads_only_after_their_answer_and_only_when_the_pool_changed(topology, tmp_path):
-    """A shared create wakes nothing (the pool is unchanged); an exclusive one wakes the pool worker and a save,
-    but only once the answer is out (Call.run_after, which the server runs after sending it); the updates its
-    answer carries are in the books, so the pool worker has nothing left to send."""
+    """A shared create wakes no pool worker, save or controllers (the pool is unchanged), only the persist thread
+    for its lazy save, once (the second create finds it due already); an exclusive one wakes the pool worker and a
+    save. All only once the answer is out (Call.run_after, which the server runs after sending it); the updates
+    its exclusive answer carries are in the books, so the pool worker has nothing left to send."""
     plugin = make_plugin(topology, tmp_path / "s")
     m = plugin.methods()
     be = pod("be", "BestEffort")
@@ -242,28 +244,81 @@ def test_hooks_wake_the_engines_threads_only_after_their_answer_and_only_when_th
     e = plugin.engine
     e._pool_wake.clear()  # Synchronize's adoption saves at once; the engine's threads are not running here
     e._dirty.clear()
+    e._persist_wake.clear()
+    e._lazy_dirty = False  # as after the persist thread's save
     before = e.wakeups()
 
-    c = call("CreateContainer")
-    b = pod("b", "Burstable")
-    m["CreateContainer"].handler(api.CreateContainerRequest(pod=b, container=container("s2", b, milli=500))
-                                 .SerializeToString(), c)
-    c.run_after()
-    assert e.wakeups() == before  # shared: no pool worker, no save, no controllers
-    assert not e._pool_wake.is_set() and not e._dirty.is_set()
+    for i in range(2):
+        c = call("CreateContainer")
+        b = pod(f"b{i}", "Burstable")
+        m["CreateContainer"].handler(api.CreateContainerRequest(pod=b, container=container(f"s{i}", b, milli=500))
+                                     .SerializeToString(), c)
+        assert not e._persist_wake.is_set()  # not before the answer is out
+        c.run_after()
+        assert e._persist_wake.is_set() == (i == 0)  # the second: its save is due already
+        e._persist_wake.clear()
+        # shared: no pool worker, no save, no controllers; the lazy save asked for once
+        assert {k: v - before[k] for k, v in e.wakeups().items()} == {
+            "pool": 0, "persist": 0, "persist_tick": 1, "controllers": 0}
+        assert not e._pool_wake.is_set() and not e._dirty.is_set()
 
     c = call("CreateContainer")
     g = pod("g")
     raw = m["CreateContainer"].handler(api.CreateContainerRequest(pod=g, container=container("x1", g, milli=4000))
                                        .SerializeToString(), c)
     ups = {u.container_id: u.linux.resources.cpu.cpus for u in api.CreateContainerResponse.FromString(raw).update}
-    assert set(ups) == {"shared1", "s2"}
+    assert set(ups) == {"shared1", "s0", "s1"}
     assert not e._pool_wake.is_set() and not e._dirty.is_set()  # the answer is not sent yet: nothing woken
     assert e.wakeups()["pool"] == before["pool"] + 1  # asked for, deferred
     c.run_after()
     assert e._pool_wake.is_set() and e._dirty.is_set()
     assert e.pool_targets() == []  # shared1's new cpuset (the answer's update) is in the books
     assert {cid: e.container(cid).cpus for cid in ups} == ups
+
+
+def _voluntary_switches(native_id: int) -> int:
+    # proc(5) /proc/[pid]/task/[tid]/status: voluntary_ctxt_switches, one per time the thread went to sleep
+    for line in Path(f"/proc/self/task/{native_id}/status").read_text().splitlines():
+        if line.startswith("voluntary_ctxt_switches:"):
+            return int(line.split()[1])
+    raise AssertionError("no voluntary_ctxt_switches")
+
+
+def test_an_idle_engine_s_threads_sleep_until_they_have_work_and_a_lazy_save_still_lands(topology, tmp_path):
+    """Every wake-up of an engine thread may land in a hook and take the interpreter from it (issue 15): with
+    nothing to do, the pool worker, the persist thread and the controllers' thread do not wake at all (they used
+    to every 0.5-1 s); a change the runtime can tell again wakes the persist thread once, and it saves it."""
+    import json
+
+    from cri_resmgr.config import Config
+    from cri_resmgr.placement.controllers.manager import ControlManager
+
+    plugin = make_plugin(topology, tmp_path / "s")
+    e = plugin.engine
+    e.add_controller(ControlManager.from_config(Config()))
+    e.start()
+    try:
+        sync(plugin, [], [])
+        time.sleep(0.5)  # Synchronize's save and the controllers' start-up reload are done
+        threads = {n: e._threads[n].thread for n in ("pool", "persist", "controllers")}
+        before = {n: _voluntary_switches(t.native_id) for n, t in threads.items()}
+        time.sleep(2.2)  # two ticks of the old 1 s waits, four of the 0.5 s one
+        assert {n: _voluntary_switches(t.native_id) - before[n] for n, t in threads.items()} == {
+            "pool": 0, "persist": 0, "controllers": 0}
+        b = pod("b", "BestEffort")
+        m = plugin.methods()
+        c = call("RunPodSandbox")
+        m["RunPodSandbox"].handler(api.RunPodSandboxRequest(pod=b).SerializeToString(), c)
+        c.run_after()
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            if e.cache_path.exists() and [p["id"] for p in json.loads(e.cache_path.read_text())["pods"]] == [b.id]:
+                break
+            time.sleep(0.05)
+        else:
+            raise AssertionError("the lazy save did not land")
+    finally:
+        e.stop()
 
 
 def test_a_failing_hook_still_runs_its_wake_ups(topology, tmp_path):

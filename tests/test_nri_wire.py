@@ -4,6 +4,7 @@ over a real socketpair through the multiplexer."""
 
 from __future__ import annotations
 
+import math
 import socket
 import struct
 import threading
@@ -346,3 +347,58 @@ def test_a_protocol_error_closes_the_trunk_and_fails_pending_calls():
         assert e.value.code == Code.UNAVAILABLE
     finally:
         p.close()
+
+
+def test_calls_in_a_steady_stream_never_wake_the_watchdog_yet_a_hung_one_still_fails_open_on_time():
+    """A thread woken while a hook runs takes the interpreter from it (issue 15): once the watchdog has seen a call,
+    it wakes on its own at least once per budget for a while, so the calls after it need no wake-up, and a hook
+    that hangs among them is still answered (fail-open) within its deadline."""
+    gate = threading.Event()
+
+    def fast(raw: bytes, call: Call) -> bytes:
+        return b"fast"
+
+    def hung(raw: bytes, call: Call) -> bytes:
+        gate.wait(10)
+        return b"late"
+
+    p = _Pair({"svc/Fast": Method(fast, fail_open=b"", inline=True),
+               "svc/Hung": Method(hung, fail_open=b"", inline=True)}, budget=0.3)
+    try:
+        for _ in range(8):  # 0.8 s: the first call's deadline and several idle periods pass meanwhile
+            assert p.runtime_client.call("svc", "Fast", b"", 5) == b"fast"
+            time.sleep(0.1)
+        watchdog = p.plugin_server._watchdog
+        assert watchdog.notified == 0  # the first call started the thread; none had to wake it
+        t0 = time.monotonic()
+        assert p.runtime_client.call("svc", "Hung", b"", 5) == b""
+        assert time.monotonic() - t0 < 0.3 + 0.2
+        assert watchdog.notified == 0
+        assert ("Hung", "timeout") in p.observed
+    finally:
+        gate.set()
+        p.close()
+
+
+def test_an_idle_watchdog_sleeps_without_a_timeout_after_lingering_and_a_new_call_wakes_it():
+    from cri_resmgr.nri.ttrpc import _Watchdog
+
+    expired: list[str] = []
+    w = _Watchdog(lambda call, sid, t0: expired.append(call.method), period=0.1, linger=0.3)
+    try:
+        c = Call("A", time.monotonic() + 0.1)
+        assert c.commit()
+        w.watch(c, 1, time.monotonic())
+        deadline = time.monotonic() + 5
+        while w._wake_at != math.inf and time.monotonic() < deadline:  # lingers for 0.3 s, then sleeps for good
+            time.sleep(0.05)
+        assert w._wake_at == math.inf
+        late = Call("B", time.monotonic() + 0.1)
+        w.watch(late, 3, time.monotonic())
+        assert w.notified == 1  # this one (the first started the thread)
+        deadline = time.monotonic() + 5
+        while not expired and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert expired == ["B"]  # the committed call is dropped, not expired
+    finally:
+        w.close()

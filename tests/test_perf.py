@@ -420,3 +420,37 @@ def test_enabled_and_running_time_and_descriptors_are_reported_per_container(con
         assert _perf_fds() >= fds
     finally:
         col.close()
+
+
+def test_groups_of_a_container_that_did_not_run_are_read_only_at_the_idle_refresh(containers):
+    """A container whose CPU usage stands still has its groups read only every refresh_runs runs (its counts,
+    and their enabled/running times, stand while it does not run); its series stay, with the same values.
+    A busy one is read every run."""
+    _need_root()
+    (busy,) = containers(1)
+    (idle,) = containers(1, busy=False)
+    disc, col = _collector(PerfCollectorConfig(events=["cpu-clock", "context-switches"], interval_seconds=1.0),
+                           CgroupCollectorConfig(runtime_socket=None, idle_refresh_seconds=4.0))
+    try:
+        assert col.refresh_runs == 4
+        idle_read, busy_read, busy_clock, idle_clock = [], [], [], []
+        for _ in range(9):
+            disc.collect(time.time())
+            now = time.time()
+            s = col.collect(now)
+            # whether the groups were read in this run (other containers on this machine may be watched too)
+            idle_read.append(col.watched[idle.container_id].read_at == now)
+            busy_read.append(col.watched[busy.container_id].read_at == now)
+            busy_clock.append(_value(s, M.CONTAINER_PERF_CPU_CLOCK.name, busy.container_id))
+            idle_clock.append(_value(s, M.CONTAINER_PERF_CPU_CLOCK.name, idle.container_id))
+            assert _value(s, M.CONTAINER_PERF_ENABLED.name, idle.container_id) is not None
+            time.sleep(0.2)
+        assert all(busy_read), busy_read
+        assert idle_read[0] and not all(idle_read), idle_read
+        gaps = [i for i, r in enumerate(idle_read) if r]
+        assert all(b - a <= col.refresh_runs for a, b in zip(gaps, gaps[1:], strict=False)) and gaps[-1] >= 9 - 4, gaps
+        assert all(b > a for a, b in zip(busy_clock, busy_clock[1:], strict=False)), busy_clock
+        assert idle_clock[0] is not None and set(idle_clock) == {idle_clock[0]}, idle_clock
+    finally:
+        col.close()
+        disc.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import uuid
 from pathlib import Path
 
@@ -13,13 +14,14 @@ from cri_resmgr.collectors.base import CollectorUnavailable
 from cri_resmgr.collectors.cgroup import CgroupCollector
 from cri_resmgr.collectors.rdt import (
     GROUP_PREFIX,
+    STATIC_REFRESH_SECONDS,
     Counter,
     RdtCollector,
     counter_delta,
     parse_mon_features,
     parse_mon_value,
 )
-from cri_resmgr.config import RdtCollectorConfig, build_config
+from cri_resmgr.config import CgroupCollectorConfig, RdtCollectorConfig, build_config
 
 from .cgroupfs import Values, make_v2
 from .resctrlfs import ResctrlEmulator, fuse_unavailable
@@ -107,8 +109,12 @@ def node(tmp_path):
     return Node(tmp_path / "cgroup")
 
 
-def _collector(emu: ResctrlEmulator, node: Node, **cfg) -> RdtCollector:
-    col = RdtCollector(emu.mountpoint, node.root, RdtCollectorConfig(**cfg), CgroupCollector(node.root))
+def _collector(emu: ResctrlEmulator, node: Node, idle_refresh_seconds: float = 0.0, **cfg) -> RdtCollector:
+    # The fixture's containers make traffic without using CPU time (their cpu.stat stands still), which no
+    # real container does: these tests read the counters every run (idle_refresh_seconds 0); reading them
+    # only for containers that ran is tested on its own below.
+    col = RdtCollector(emu.mountpoint, node.root, RdtCollectorConfig(**cfg),
+                       CgroupCollector(node.root, CgroupCollectorConfig(idle_refresh_seconds=idle_refresh_seconds)))
     _OPEN.append(col)
     return col
 
@@ -451,8 +457,8 @@ def test_a_class_change_moves_the_mon_group_and_the_counter_goes_on(emulator, no
     for tid in tids:
         emu.set_task(tid, mbm_total={0: 5e8 if tid == tids[0] else 0.0})
     now = [0.0]
-    col = RdtCollector(emu.mountpoint, node.root, RdtCollectorConfig(), CgroupCollector(node.root),
-                       clock=lambda: now[0])
+    col = RdtCollector(emu.mountpoint, node.root, RdtCollectorConfig(),  # every run read (see _collector)
+                       CgroupCollector(node.root, CgroupCollectorConfig(idle_refresh_seconds=0)), clock=lambda: now[0])
     _OPEN.append(col)
     seen = []
 
@@ -479,3 +485,116 @@ def test_a_class_change_moves_the_mon_group_and_the_counter_goes_on(emulator, no
     # second of 73 unwatched, so the total is scaled by 73/72.
     assert seen[-1] == pytest.approx(2e9 * 73 / 72, rel=0.01)
     assert seen[-1] - seen[-2] == pytest.approx(5e8 * 73 / 72 + 1.5e9 * (73 / 72 - 72 / 71), rel=0.01)
+
+
+def test_rows_keep_their_keys_list_between_rotation_slices_and_store_like_samples(emulator, node):
+    """The vector row: the same keys list object while the series stay the same (the store resolves them only
+    on change), a new one when rotation changes them; stored through Columns it reads back like the samples."""
+    from cri_resmgr.store import Store
+
+    emu = emulator(num_rmids=3, domains=(0, 1))  # two MON groups for four containers: rotation
+    for i in range(4):
+        _cid, (tid,) = node.add(n_threads=1)
+        emu.set_task(tid, mbm_total={0: (i + 1) * 1e8, 1: 5e7}, occupancy={0: 1 << 20})
+    col = _collector(emu, node, rotation_slice_seconds=4.0, rotation_share=1.0)
+    by_rows, by_samples = Store(600), Store(600)
+    lists = []
+    for t in range(12):
+        row = col.collect_row(float(t))
+        assert len(row.keys) == len(row.values) and not any(v != v for v in row.values.tolist())
+        lists.append(row.keys)
+        by_rows.append_columns("rdt", float(t), row)
+        by_samples.append("rdt", float(t), row.samples())
+        emu.advance(1.0)
+    same = sum(a is b for a, b in zip(lists, lists[1:], strict=False))
+    assert same >= 6, "between slice boundaries the keys list is reused"
+    assert any(a is not b for a, b in zip(lists, lists[1:], strict=False)), "a new slice makes a new list"
+    assert by_rows.series_count == by_samples.series_count
+    assert sorted((r.metric, r.labels, v) for r, _, v in by_rows.latest()) == \
+        sorted((r.metric, r.labels, v) for r, _, v in by_samples.latest())
+
+
+def test_counters_of_containers_that_did_not_run_are_read_only_at_the_idle_refresh(emulator, node):
+    """A container whose CPU usage stands still has its MBM counters read only every refresh_runs runs (the
+    bytes counted meanwhile are all there at the next read); one whose usage moves is read every run."""
+    emu = emulator(domains=(0,))
+    busy, (tb,) = node.add(n_threads=1)
+    idle, (ti,) = node.add(n_threads=1)
+    emu.set_task(tb, mbm_total={0: 1e8}, occupancy={0: 1 << 20})
+    emu.set_task(ti, mbm_total={0: 3e8}, occupancy={0: 2 << 20})  # traffic without CPU: shows when it is read
+    col = _collector(emu, node, idle_refresh_seconds=8.0, interval_seconds=2.0)
+    assert col.refresh_runs == 4
+    total = M.CONTAINER_MEMORY_BANDWIDTH.name
+    seen: dict[str, list[float]] = {busy: [], idle: []}
+    idle_groups = []
+    for t in range(13):
+        (node.root / node.rel[busy] / "cpu.stat").write_text(f"usage_usec {(t + 1) * 10**6}\n")
+        s = col.collect(float(t))
+        for cid in seen:
+            seen[cid].append(_one(s, total, container_id=cid, scope="total"))
+            assert _one(s, M.CONTAINER_LLC_OCCUPANCY.name, container_id=cid) is not None, "occupancy carried"
+        idle_groups.append(col.idle_groups)
+        emu.advance(1.0)
+    assert idle_groups[0] == 0 and set(idle_groups[1:]) == {0, 1}
+    assert all(b > a for a, b in zip(seen[busy][1:], seen[busy][2:], strict=False)), "read every run"
+    steps = [i for i in range(1, 13) if seen[idle][i] != seen[idle][i - 1]]
+    assert steps and all(b - a <= col.refresh_runs for a, b in zip([0, *steps], steps, strict=False)), steps
+    assert len(steps) < 12, "not read every run"
+    # what the idle one's counter said at its last read is all its traffic up to then: nothing lost
+    assert seen[idle][steps[-1]] == pytest.approx(3e8 * steps[-1], rel=0.01)
+    assert _one(s, M.CONTAINER_RDT_MONITORED_SECONDS.name, container_id=idle) == 12.0
+
+
+def test_resctrl_directories_are_listed_only_on_change_and_a_group_removed_behind_our_back_comes_back(
+        emulator, node, monkeypatch):
+    """info/, the L3 domains, the CTRL_MON groups and our MON groups change only with a remount or a
+    mkdir/rmdir: they are listed at the first run, then only when a kept-open counter file says its group is
+    gone (someone removed it: it is made again, the exported counter goes on) or every STATIC_REFRESH_SECONDS."""
+    emu = emulator(domains=(0, 1))
+    cid, (tid,) = node.add(n_threads=1)
+    emu.set_task(tid, mbm_total={0: 1e8, 1: 5e7}, occupancy={0: 1 << 20})
+    now = [0.0]
+    col = RdtCollector(emu.mountpoint, node.root, RdtCollectorConfig(),  # every run read (see _collector)
+                       CgroupCollector(node.root, CgroupCollectorConfig(idle_refresh_seconds=0)), clock=lambda: now[0])
+    _OPEN.append(col)
+    listed: list[int] = []  # per run: directory listings under the resctrl mount
+    real_scandir, real_listdir = os.scandir, os.listdir
+    count = [0]
+
+    def scandir(p="."):
+        count[0] += str(p).startswith(str(emu.mountpoint))
+        return real_scandir(p)
+
+    def listdir(p="."):
+        count[0] += str(p).startswith(str(emu.mountpoint))
+        return real_listdir(p)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    monkeypatch.setattr(os, "listdir", listdir)
+    seen = []
+    group = emu.mountpoint / "mon_groups" / (GROUP_PREFIX + cid)
+
+    def step(t: float) -> None:
+        now[0] = t
+        count[0] = 0
+        s = col.collect(t)
+        listed.append(count[0])
+        seen.append(_one(s, M.CONTAINER_MEMORY_BANDWIDTH.name, container_id=cid, scope="total", cache_id="0"))
+        assert _one(s, M.NODE_MEMORY_BANDWIDTH.name, scope="total", cache_id="0") is not None
+        emu.advance(1.0)
+
+    for t in range(5):
+        step(float(t))
+    assert listed[0] > 0 and listed[1:] == [0, 0, 0, 0]
+    assert group.is_dir() and seen[-1] == pytest.approx(4e8, rel=0.01)
+    os.rmdir(group)  # someone else's rmdir: the thread goes back to the root group, the RMID is freed
+    assert emu.owner(tid) is emu.root
+    for t in range(5, 9):
+        step(float(t))
+    assert listed[5] == 0 and listed[6] > 0  # the failed read in run 5 makes run 6 look
+    assert group.is_dir() and emu.owner(tid).name == GROUP_PREFIX + cid  # made again, the thread back in
+    assert all(b >= a for a, b in zip(seen, seen[1:], strict=False))  # the exported counter never goes back
+    assert seen[-1] > seen[4]  # ... and goes on counting in the new group
+    step(9.0)
+    step(9.0 + STATIC_REFRESH_SECONDS)
+    assert listed[-2] == 0 and listed[-1] > 0  # and now and then anyway

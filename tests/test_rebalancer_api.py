@@ -108,7 +108,7 @@ def test_run_refused_when_off(tmp_path):
 
 
 def test_agent_loop_runs_rounds_at_the_interval(tmp_path):
-    a = make_agent(tmp_path, interval_seconds=0.2)
+    a = make_agent(tmp_path, interval_seconds=0.2, skip_threshold=0)  # every round planned and recorded
     try:
         feed(a, 2)
         deadline = time.time() + 10

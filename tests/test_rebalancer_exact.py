@@ -183,3 +183,64 @@ def test_a_start_is_brought_into_first_occupant_order_at_the_same_cost():
     j = objective_of(prob, model, rows, choice)
     assert objective_of(prob, model, crow, canon) == pytest.approx(j, rel=1e-9)
     assert enc.constant + float(np.asarray(enc.cost) @ col) == pytest.approx(j, rel=1e-9)
+
+
+# -- the queueing bandwidth term: MILP against brute force on tiny cases --------------------------------
+def _tiny_bandwidth_problem(seed: int, budget: int) -> Problem:
+    from cri_resmgr.rebalancer.problem import ContainerInput, NodeModel
+    from cri_resmgr.rebalancer.scenario import ScenarioCpu, topology_from_cpus
+
+    # 2 NUMA nodes × 2 cores, one L3 per node, 10 GB/s per node: offered loads between 0 and ~3
+    # capacities cross every segment of the curve.
+    cpus = [ScenarioCpu(id=i, core=i, package=0, numa_node=i // 2, l3=i // 2, base_frequency_hz=2e9) for i in range(4)]
+    node = NodeModel.from_topology(topology_from_cpus(cpus, 32 * 2**20, None), numa_bandwidth=10e9)
+    rng = np.random.default_rng(seed)
+    inputs = [ContainerInput(id=f"c{k}", cpuset=frozenset({int(rng.integers(0, 2))}), cpu_usage=0.5,
+                             cpu_request=0.0, qos="Burstable",
+                             memory_bandwidth_bytes_per_second=float(rng.uniform(1, 12)) * 1e9)
+              for k in range(4)]
+    cfg = RebalancerConfig.model_validate({"max_moves_per_round": budget})
+    return Problem.build(node, inputs, cfg, now=0.0)
+
+
+def _brute_force(prob: Problem, model: CostModel) -> float:
+    import itertools
+
+    mov = np.flatnonzero(prob.movable)
+    valid = prob.valid(mov)
+    options = [[-1, *np.flatnonzero(valid[k]).tolist()] for k in range(len(mov))]
+    best = np.inf
+    for combo in itertools.product(*options):
+        choice = {int(i): int(c) for i, c in zip(mov, combo, strict=True) if c >= 0}
+        if len(choice) > prob.cfg.max_moves_per_round:
+            continue
+        rows = prob.S0.copy()
+        for i, c in choice.items():
+            rows[i] = prob.cands.rows[c]
+        best = min(best, objective_of(prob, model, rows, choice))
+    return best
+
+
+@pytest.mark.parametrize("seed,budget", [(0, 4), (1, 2), (2, 1), (3, 4)])
+def test_queueing_bandwidth_term_milp_equals_brute_force(seed, budget):
+    prob = _tiny_bandwidth_problem(seed, budget)
+    cfg = prob.cfg
+    model = CostModel(cfg)
+    assert "memory_bandwidth" in [t.name for t in model.active_terms(prob)]
+    ex = optimum(prob, model, time_limit_seconds=60)
+    assert ex.status == "Optimal"
+    assert ex.objective == pytest.approx(objective_of(prob, model, ex.rows, ex.choice), rel=1e-6, abs=1e-6)
+    assert ex.objective == pytest.approx(_brute_force(prob, model), rel=1e-6, abs=1e-6)
+
+
+def test_queueing_bandwidth_start_values_lie_on_the_curve():
+    """A MIP start values each bandwidth variable at its largest segment: the start's objective is the
+    model's cost of the placement (the segments below the curve do not bind)."""
+    prob = _tiny_bandwidth_problem(0, 4)
+    model = CostModel(prob.cfg)
+    enc = Encoder(prob, model)
+    for t in model.active_terms(prob):
+        t.encode(enc)
+    col = enc.start_values({})
+    assert enc.constant + float(np.array(enc.cost) @ col) == pytest.approx(
+        objective_of(prob, model, prob.S0, {}), rel=1e-9)

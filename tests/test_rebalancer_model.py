@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from cri_resmgr.config import RebalancerConfig
+from cri_resmgr.rebalancer import bandwidth_curve as bwc
 from cri_resmgr.rebalancer.model import CostModel
 from cri_resmgr.rebalancer.problem import (
     ANNOTATION_AVX512,
@@ -84,15 +85,18 @@ def test_avx512_package_term_normalises_by_package_cpus():
     assert other["avx512_package"] == 0.0 and other["avx512_core"] == 0.0
 
 
-def test_memory_bandwidth_term_is_excess_over_numa_capacity():
+def test_memory_bandwidth_term_is_queueing_loss_over_numa_capacity():
     node = small_node(packages=1, numa_per_package=2, cores=2, threads=1, numa_bw=10 * GB)  # node 0 = CPU 0
     one = cost(node, [C("h", {0}, memory_bandwidth_bytes_per_second=15 * GB)])
-    assert one["memory_bandwidth"] == pytest.approx(4.0 * 5 / 10)
+    # Offered 1.5 capacities on node 0 (a breakpoint: the chords meet the curve), nothing on node 1.
+    assert one["memory_bandwidth"] == pytest.approx(4.0 * float(bwc.lost(1.5)))
     both = cost(node, [C("h", {0, 1}, memory_bandwidth_bytes_per_second=15 * GB)])
-    assert both["memory_bandwidth"] == 0.0  # 7.5 GB/s per node fits
+    # 7.5 GB/s per node fits, but a node at 75 % of its peak already queues (the hinge said 0).
+    assert both["memory_bandwidth"] == pytest.approx(2 * 4.0 * float(bwc.QUEUEING(0.75)))
+    assert 0 < both["memory_bandwidth"] < one["memory_bandwidth"]
     # Without MBM the LLC misses stand in: one 64-byte line per miss.
     misses = cost(node, [C("h", {0}, llc_misses_per_second=15 * GB / 64)])
-    assert misses["memory_bandwidth"] == pytest.approx(2.0)
+    assert misses["memory_bandwidth"] == pytest.approx(one["memory_bandwidth"])
 
 
 def test_memory_bandwidth_term_caps_l3_domains_when_configured():
@@ -101,7 +105,7 @@ def test_memory_bandwidth_term_caps_l3_domains_when_configured():
         [ScenarioCpu(id=0, core=0, package=0, l3=0), ScenarioCpu(id=1, core=1, package=0, l3=1)], 32 * MiB, None),
         numa_bandwidth=100 * GB, l3_bandwidth=4 * GB)
     c = cost(node, [C("h", {0}, memory_bandwidth_bytes_per_second=6 * GB)])
-    assert c["memory_bandwidth"] == pytest.approx(4.0 * 2 / 4)
+    assert c["memory_bandwidth"] == pytest.approx(4.0 * float(bwc.lost(1.5) + bwc.QUEUEING(0.06)))
 
 
 def test_cache_occupancy_term_is_excess_over_threshold_of_l3_size():

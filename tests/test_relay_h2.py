@@ -53,6 +53,7 @@ class TestHooks(Hooks):
         self.grow = 1000  # the rewrite appends this many bytes (negative: cuts)
         self.inline = False  # rewrite on the event loop (rewrite_inline) instead of in a worker
         self.timed: list[RewriteTiming] = []
+        self.complete_seconds = 0.0  # a slow completion (the books' work) on the event loop
 
     def mode(self, method: str) -> Mode:
         return {REWRITE: Mode.REWRITE, OBSERVE: Mode.OBSERVE}.get(method, Mode.PASS)
@@ -71,6 +72,7 @@ class TestHooks(Hooks):
         self.timed.append(ex.timing)
 
     def complete(self, ex: Exchange) -> None:
+        time.sleep(self.complete_seconds)
         self.completed.append((ex.method, ex.code if ex.code is not None else -1, ex.request))
 
 
@@ -218,6 +220,13 @@ class Client:
         self.s.close()
 
 
+def wait_for(cond, timeout: float = 5) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "condition never held"
+        time.sleep(0.005)
+
+
 @pytest.fixture
 def proxy(tmp_path):
     loop = asyncio.new_event_loop()
@@ -278,6 +287,7 @@ def test_held_requests_larger_than_the_window_pass_rewritten_and_the_windows_sta
     # The proxy never credits the client more than the runtime's window: the client's view of the
     # connection window never exceeds what the runtime granted (65535 at start, all acknowledged since).
     assert 0 < c.conn.outbound_flow_control_window <= 65535
+    wait_for(lambda: len(hooks.completed) == 4)  # completions run once the client has been sent the call's end
     assert [m for m, code, _ in hooks.completed] == [REWRITE, REWRITE, REWRITE, OBSERVE]
     assert all(code == 0 for _m, code, _r in hooks.completed) and not up.errors
 
@@ -296,9 +306,11 @@ def test_a_rewrite_answered_on_the_event_loop_is_forwarded_in_order_with_exact_w
     big = b"q" * 300_000
     assert c.call(PASS, big).message == digest(big)
     assert 0 < c.conn.outbound_flow_control_window <= 65535
-    assert len(hooks.timed) == 3 and all(t.started == t.held <= t.returned <= t.forwarded for t in hooks.timed)
+    wait_for(lambda: len(hooks.timed) == 3)  # timed once the answer went to the client's socket
+    assert all(t.started == t.held <= t.returned <= t.forwarded for t in hooks.timed)
     hooks.inline = False  # and the worker path on the same connection, timed as such
     assert c.call(REWRITE, b"z" * 1000).status == 0
+    wait_for(lambda: len(hooks.timed) == 4)
     t = hooks.timed[-1]
     assert t.held < t.started <= t.returned <= t.forwarded and not up.errors
 
@@ -394,3 +406,38 @@ def test_a_continuation_flood_ends_that_connection_only(proxy, tmp_path):
     assert not any(p == PASS for p, _ in up.received)
     c = connect()  # the relay goes on
     assert c.call(PASS, b"still here").status == 0
+
+
+def test_a_held_request_is_timed_point_by_point_in_the_order_it_passed(proxy):
+    connect, up, hooks, _ = proxy
+    c = connect()
+    hooks.inline = True
+    t0 = time.perf_counter()
+    assert c.call(REWRITE, b"t" * 45_000).status == 0
+    wait_for(lambda: len(hooks.timed) == 1)
+    t = hooks.timed[0]
+    points = [t0, t.arrived, t.headers, t.first_data, t.held, t.started, t.returned, t.forwarded, t.response,
+              t.response_end, t.answered, t.completed]
+    assert all(points[i] <= points[i + 1] for i in range(len(points) - 1)), points
+    assert t.reads >= 1 and t.upstream_buffered == 0
+    hooks.inline = False  # a worker: it starts after the request is held
+    assert c.call(REWRITE, b"w" * 1000).status == 0
+    wait_for(lambda: len(hooks.timed) == 2)
+    t = hooks.timed[1]
+    assert t.held < t.started <= t.returned <= t.forwarded <= t.response <= t.answered <= t.completed
+    assert not up.errors
+
+
+def test_the_answer_is_sent_before_the_completion_runs(proxy):
+    connect, up, hooks, _ = proxy
+    c = connect()
+    hooks.complete_seconds = 0.5  # the books' work after a call; the client must not wait for it
+    t0 = time.monotonic()
+    r = c.call(OBSERVE, b"o" * 1000)
+    answered = time.monotonic() - t0
+    assert r.status == 0 and answered < 0.4, answered
+    assert not hooks.completed  # still running, after the client had its answer
+    wait_for(lambda: len(hooks.completed) == 1)
+    hooks.complete_seconds = 0.0
+    assert c.call(REWRITE, b"after").status == 0  # the connection goes on, in order
+    wait_for(lambda: [m for m, _c, _r in hooks.completed] == [OBSERVE, REWRITE])

@@ -151,3 +151,53 @@ def test_create_is_placed_on_the_event_loop_unless_it_must_ask_the_runtime(fe):
     assert isinstance(out, Reject) and "insufficient CPUs" in out.message
     # methods that wait (a start held until its CPUs are free) always go to a worker
     assert front.rewrite_inline(exchange("StartContainer", pb.StartContainerRequest(container_id=cid))) is IN_WORKER
+
+
+def test_create_reads_a_known_pod_from_the_books_and_an_unknown_one_from_the_request(fe):
+    front, rt = fe
+    pod = run_pod(front, rt, "g", "Guaranteed")
+    known = create_request(pod, "app", 1000)
+    known.pod_sandbox_id = "pod-g"
+    known.sandbox_config.metadata.namespace = "not-read"  # the sandbox is not read again for a pod the books know
+    ex = exchange("CreateContainer", known)
+    assert isinstance(front.rewrite_inline(ex), bytes)
+    finish(front, ex, response=pb.CreateContainerResponse(container_id="c1"))
+    c1 = front.engine.container("c1")
+    assert (c1.namespace, c1.pod_name, c1.cgroup_parent) == ("default", "g", rt.pods["pod-g"].cgroup_parent)
+    assert c1.qos_class == "Guaranteed"  # from the books' cgroup parent
+
+    # a pod the relay never saw created (RunPodSandbox before it started): read from the request
+    stranger = create_request(pb.PodSandboxConfig(
+        metadata=pb.PodSandboxMetadata(name="s", uid="u-s", namespace="other"),
+        linux=pb.LinuxPodSandboxConfig(cgroup_parent="/kubepods/burstable/podu-s"),
+        annotations={"cri-resmgr.io/exclusive-cpus": "false"}), "app", 1000)
+    stranger.pod_sandbox_id = "pod-unknown"
+    ex = exchange("CreateContainer", stranger)
+    out = front.rewrite_inline(ex)
+    assert isinstance(out, bytes)
+    finish(front, ex, response=pb.CreateContainerResponse(container_id="c2"))
+    c2 = front.engine.container("c2")
+    assert (c2.namespace, c2.pod_name, c2.pod_uid, c2.cgroup_parent) == (
+        "other", "s", "u-s", "/kubepods/burstable/podu-s")
+    assert c2.placement == Kind.SHARED  # the pod's annotation was read from the request too
+
+
+def test_an_exclusive_create_wakes_the_pool_and_the_save_through_later_and_a_start_at_once(fe):
+    front, rt = fe
+    e = front.engine
+    pod = run_pod(front, rt, "g", "Guaranteed")
+    ex = exchange("CreateContainer", create_request(pod, "app", 1000))
+    out = front.rewrite(ex)
+    assert isinstance(out, bytes)
+    cpus = pb.CreateContainerRequest.FromString(out).config.linux.resources.cpuset_cpus
+    cid = rt.create(rt.pods["pod-g"], "app", cpus)
+    ctx = front.take_context(ex)
+    assert ctx is not None
+    e._pool_wake.clear()
+    e._dirty.clear()
+    held: list = []
+    e.commit(ctx.reservation, cid, ctx.resources_blob, later=held.append)
+    assert e.state().exclusive == {cid: cpus}  # the books at once
+    assert len(held) == 1 and not e._pool_wake.is_set() and not e._dirty.is_set()  # the threads later
+    held[0]()
+    assert e._pool_wake.is_set() and e._dirty.is_set()

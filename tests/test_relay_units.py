@@ -171,3 +171,26 @@ def test_fast_header_decoding_agrees_with_the_full_decoder_over_a_session():
             fast_hits += 1
         assert decode_block(fast, b) == full.decode(b, raw=True)
     assert fast_hits > 100  # the fast path is actually taken once the table holds the headers
+
+
+def test_rewrite_timings_travel_as_json_and_come_back_as_they_were(tmp_path):
+    from cri_resmgr.relay.control import ControlClient, serve
+    from cri_resmgr.relay.h2proxy import RewriteTiming
+
+    s = RelayStats(frozenset({"/runtime.v1.RuntimeService/CreateContainer"}))
+    t = RewriteTiming(arrived=1.0, headers=1.5, first_data=1.6, held=2.0, started=2.0, returned=2.5,
+                      forwarded=2.75, upstream_buffered=7, response=9.0, response_end=9.25, answered=9.5,
+                      completed=9.75, reads=2)
+    for _ in range(1005):
+        s.record_rewrite("/runtime.v1.RuntimeService/CreateContainer", t)
+    s.record_rewrite("/x.Invented/Path", RewriteTiming(headers=3.0))
+    server = serve(None, tmp_path / "control.sock", lambda: "",  # type: ignore[arg-type]
+                   timings=lambda: {"rewrites": s.rewrite_samples()})
+    try:
+        client = ControlClient(tmp_path / "control.sock", timeout=5)
+        got = client.rewrite_timings()
+        client.close()
+    finally:
+        server.stop(grace=0)
+    assert len(got["CreateContainer"]) == 1000 and got["CreateContainer"][-1] == t  # the last 1,000 kept
+    assert got["other"] == [RewriteTiming(headers=3.0)]  # invented methods share one label

@@ -10,6 +10,7 @@ import time
 import uuid
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from cri_resmgr import metrics as M
@@ -264,3 +265,86 @@ def test_poll_says_whether_the_set_changed(tmp_path: Path):
     assert d.poll() is True and d.poll() is False
     assert [i.container_id for i in d.containers()] == [cid]
     d.close()
+
+
+# -- change-driven reading -------------------------------------------------------------------------
+def _by(samples, metric: str) -> dict[str, float]:
+    return {s.labels["container_id"]: s.value for s in samples if s.metric == metric}
+
+
+@pytest.mark.parametrize("make", [make_v1, make_v2])
+def test_idle_container_changing_only_memory_is_read_within_the_refresh_bound(tmp_path: Path, make):
+    """CPU usage and cpuset unchanged: memory is read again at the latest after idle_refresh_seconds worth of
+    runs, and the runs in between repeat the last value (no gap, no zero)."""
+    cid, rel = _rel()
+    make(tmp_path, rel, Values(usage_ns=5_000_000_000, mem=100 * 2**20))
+    cfg = CgroupCollectorConfig(runtime_socket=None, interval_seconds=5.0, idle_refresh_seconds=20.0)
+    col = CgroupCollector(tmp_path, cfg, use_inotify=False)
+    assert col.refresh_cycles == 4
+    mem = M.CONTAINER_MEMORY_USAGE.name
+    assert _by(col.collect(0.0), mem) == {cid: 100 * 2**20}
+    make(tmp_path, rel, Values(usage_ns=5_000_000_000, mem=300 * 2**20))  # only memory changes
+    seen = []
+    for k in range(1, 6):
+        seen.append(_by(col.collect(float(k)), mem)[cid])
+    first_new = seen.index(300 * 2**20)
+    assert first_new >= 1, "the run right after the change still carries the old value: memory is not read"
+    assert first_new < col.refresh_cycles, "read again within refresh_cycles runs"
+    assert seen[:first_new] == [100 * 2**20] * first_new and seen[first_new:] == [300 * 2**20] * (5 - first_new)
+    make(tmp_path, rel, Values(usage_ns=6_000_000_000, mem=50 * 2**20))  # CPU moved: everything is read at once
+    got = col.collect(10.0)
+    assert _by(got, mem)[cid] == 50 * 2**20 and _by(got, M.CONTAINER_CPU_USAGE.name)[cid] == 6.0
+    col.close()
+
+
+@pytest.mark.parametrize("make", [make_v1, make_v2])
+def test_change_driven_reads_equal_full_reads_when_everything_changes(tmp_path: Path, make):
+    ids = []
+    for _ in range(4):
+        cid, rel = _rel()
+        ids.append((cid, rel))
+        make(tmp_path, rel, Values())
+    lazy = CgroupCollector(tmp_path, CgroupCollectorConfig(runtime_socket=None), use_inotify=False)
+    full = CgroupCollector(tmp_path, CgroupCollectorConfig(runtime_socket=None, idle_refresh_seconds=0),
+                           use_inotify=False)
+    assert lazy.refresh_cycles > 1 and full.refresh_cycles == 1
+    for k in range(6):
+        for i, (_cid, rel) in enumerate(ids):
+            make(tmp_path, rel, Values(usage_ns=(k + 1) * 10**9 + i, mem=(k + 2 + i) * 2**20, throttled=k,
+                                       cpus="0-1" if k % 2 else "1"))
+        a, b = lazy.collect_row(float(k)), full.collect_row(float(k))
+        assert a.keys == b.keys and np.array_equal(a.values, b.values, equal_nan=True)
+        assert lazy.full_reads == len(ids)
+    lazy.close()
+    full.close()
+
+
+def test_idle_containers_cost_a_probe_and_keep_every_series_monotonic_in_the_store(tmp_path: Path):
+    """Twenty idle containers and one busy one: after the first run, each run reads the busy one in full and
+    about a refresh_cycles-th of the idle ones; every series gets a value in every row, counters never drop."""
+    from cri_resmgr.store import Store
+
+    rels = []
+    for _ in range(21):
+        _cid, rel = _rel()
+        rels.append(rel)
+        make_v1(tmp_path, rel, Values())
+    cfg = CgroupCollectorConfig(runtime_socket=None, interval_seconds=1.0, idle_refresh_seconds=5.0)
+    col = CgroupCollector(tmp_path, cfg, use_inotify=False)
+    store = Store(600)
+    reads = []
+    for k in range(12):
+        make_v1(tmp_path, rels[0], Values(usage_ns=(k + 6) * 10**9, mem=(k + 1) * 2**20))
+        store.append_columns("cgroup", float(k), col.collect_row(float(k)), 1.0)
+        reads.append(col.full_reads)
+    assert reads[0] == 21
+    assert all(1 <= r <= 1 + -(-21 // col.refresh_cycles) for r in reads[1:]), reads
+    assert sum(reads[1:]) >= 11 + 20 * 11 // col.refresh_cycles - 20  # the idle ones are refreshed, spread out
+    refs = store.select(M.CONTAINER_CPU_USAGE.name) + store.select(M.CONTAINER_MEMORY_USAGE.name)
+    assert len(refs) == 42
+    for ref in refs:
+        ts, vals = store.raw(ref, 0.0, 11.0)
+        assert len(ts) == 12 and not np.isnan(vals).any() and (vals > 0).all(), "a value in every row, never 0"
+        if ref.metric == M.CONTAINER_CPU_USAGE.name:
+            assert (np.diff(vals) >= 0).all()
+    col.close()

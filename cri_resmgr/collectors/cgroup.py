@@ -37,11 +37,14 @@ from __future__ import annotations
 import contextlib
 import errno
 import logging
+import math
 import os
 import resource
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
+from itertools import accumulate, compress, repeat
+from operator import eq, ne
 from pathlib import Path
 from typing import NamedTuple
 
@@ -238,6 +241,11 @@ class _Gone(Exception):
 ABSENT_RETRY_MAX = 64
 
 
+def _ask(length: int) -> int:
+    """Bytes to ask of a file that held ``length`` last time: a power of two above twice that, 64 to READ_SIZE."""
+    return min(READ_SIZE, max(64, 1 << (2 * length).bit_length()))
+
+
 class OpenFiles:
     """A container's cgroup files, opened once and re-read with pread at offset 0; files that do not exist
     are remembered (and tried again now and then, see ABSENT_RETRY_MAX)."""
@@ -247,29 +255,33 @@ class OpenFiles:
     def __init__(self) -> None:
         self.fds: dict[str, int] = {}
         self.absent: dict[str, list[int]] = {}  # path -> [reads still to skip, skips after the next failure]
-        # read_all's paths when all are open: (paths, their descriptors, positions of those when some path is "")
-        self._all: tuple[tuple[str, ...], list[int], list[int] | None] | None = None
+        # read_all's paths when all are open: (paths, their descriptors, the bytes to ask of each, positions of
+        # those when some path is "")
+        self._all: tuple[tuple[str, ...], list[int], list[int], list[int] | None] | None = None
 
     def read_all(self, paths: tuple[str, ...]) -> list[bytes | None]:
         """:meth:`read` of each of ``paths`` ("" gives None). When every one of them is open, this is one pread
-        per file and nothing else (the common cycle); raises _Gone like :meth:`read`."""
+        per file and nothing else (the common cycle), each asking for about twice what the file held last time
+        (a smaller buffer is cheaper to allocate); raises _Gone like :meth:`read`."""
         vec = self._all
         if vec is not None and vec[0] is paths:
+            sizes = vec[2]
             try:
-                got = [os.pread(fd, READ_SIZE, 0) for fd in vec[1]]
+                got = list(map(os.pread, vec[1], sizes, repeat(0, len(sizes))))
             except OSError:
                 got = None  # read() below finds which one failed, and how
-            if got is not None and max(map(len, got), default=0) < READ_SIZE:  # else read() reads the rest
-                if vec[2] is None:
+            if got is not None and not any(map(eq, map(len, got), sizes)):  # else read() reads the rest
+                if vec[3] is None:
                     return got  # type: ignore[return-value]
                 out: list[bytes | None] = [None] * len(paths)
-                for i, b in zip(vec[2], got, strict=True):
+                for i, b in zip(vec[3], got, strict=True):
                     out[i] = b
                 return out
         bufs = [self.read(p) if p else None for p in paths]
         if all(b is not None for b, p in zip(bufs, paths, strict=True) if p):
             where = [i for i, p in enumerate(paths) if p]
-            self._all = (paths, [self.fds[paths[i]] for i in where], None if len(where) == len(paths) else where)
+            self._all = (paths, [self.fds[paths[i]] for i in where], [_ask(len(bufs[i] or b"")) for i in where],
+                         None if len(where) == len(paths) else where)
         else:
             self._all = None
         return bufs
@@ -336,11 +348,17 @@ def _paths(layout: CgroupLayout, rel: str, pressure: bool) -> tuple[str, ...]:
 
 def _read_one(files: OpenFiles, layout: CgroupLayout, paths: tuple[str, ...]) -> ContainerStats | None:
     """Read and parse one container; None when its cgroup has gone."""
-    r = files.read
     try:
         bufs = files.read_all(paths)
     except _Gone:
         return None
+    return _parse(files, layout, paths, bufs)
+
+
+def _parse(files: OpenFiles, layout: CgroupLayout, paths: tuple[str, ...],
+           bufs: list[bytes | None]) -> ContainerStats | None:
+    """One container's stats from the text of its files (``bufs``, in ``paths`` order); None when gone."""
+    r = files.read
     pressure: tuple[float | None, ...] = ()
     if len(bufs) > 5:
         psi: list[float | None] = []
@@ -369,7 +387,10 @@ def _read_one(files: OpenFiles, layout: CgroupLayout, paths: tuple[str, ...]) ->
             inactive = _field(ms, b"\ninactive_file ")
     cpuset = _cpus(bufs[4])
     if cpuset is None and paths[4]:
-        cpuset = _cpus(r(paths[4][: -len("effective_cpus")] + "cpus"))
+        try:
+            cpuset = _cpus(r(paths[4][: -len("effective_cpus")] + "cpus"))
+        except _Gone:
+            return None
     return _stats(usage_ns / 1e9 if usage_ns is not None else None, cpu, b"throttled_time", 1e9, mem, inactive,
                   cpuset, pressure)
 
@@ -417,6 +438,12 @@ def containers_in(paths: Iterable[str]) -> list[ContainerIdentity]:
     return out
 
 
+# Positions in :func:`_paths` of the files read every cycle for every container (the "did anything happen"
+# check): CPU usage and the effective cpuset. The rest is read only when one of them changed, or when the
+# container is due for its idle refresh (see CgroupCollector).
+PROBE_POSITIONS = {2: (0, 3), 1: (0, 4)}
+
+
 @dataclass
 class _Tracked:
     ident: ContainerIdentity
@@ -424,6 +451,13 @@ class _Tracked:
     paths: tuple[str, ...]
     files: OpenFiles = field(default_factory=OpenFiles)
     keys: list[tuple[str, dict[str, str]]] = field(default_factory=list)  # its series, in _row's slot order
+    stats: ContainerStats | None = None  # of its last full read (None: not read yet)
+    values: list[float | None] = field(default_factory=list)  # its row slots from that read (None: not read)
+    probe: tuple[int, ...] = ()  # positions in ``paths`` checked every cycle (kept open), see PROBE_POSITIONS
+    rest: tuple[str, ...] = ()  # ``paths`` with the probe positions blanked: what a full read still reads
+    seen: dict[int, bytes] = field(default_factory=dict)  # probe position -> its text at the last read
+    bufs: list[bytes | None] = field(default_factory=list)  # every file's text at the last full read
+    last_full: int = 0  # the collector's cycle of its last full read
 
     def __post_init__(self) -> None:
         lab = self.labels
@@ -431,6 +465,39 @@ class _Tracked:
         if len(self.paths) > 5:  # the pressure files: some and full of each resource
             self.keys += [(_PSI, {**lab, "resource": res, "kind": kind})
                           for res in PRESSURE_RESOURCES for kind in ("some", "full")]
+        self.rest = self.paths
+
+    def open_probe(self, positions: tuple[int, ...]) -> tuple[int, ...]:
+        """The probe positions whose files are open now."""
+        fds = self.files.fds
+        return tuple(j for j in positions if self.paths[j] and self.paths[j] in fds)
+
+    def set_probe(self, probe: tuple[int, ...]) -> None:
+        self.probe = probe
+        self.rest = tuple("" if j in probe else p for j, p in enumerate(self.paths)) if probe else self.paths
+
+    def full_read(self, layout: CgroupLayout, got: dict[int, bytes]) -> ContainerStats | None:
+        """Read the files not in ``got`` (probe position -> text read this cycle) and parse all; None: gone."""
+        paths = self.rest if got and len(got) == len(self.probe) else self.paths
+        try:
+            bufs = self.files.read_all(paths)
+        except _Gone:
+            return None
+        if paths is self.rest:
+            for j, b in got.items():
+                bufs[j] = b
+        if bufs == self.bufs and self.stats is not None:
+            return self.stats  # nothing changed since the last full read (the common idle refresh): no parsing
+        st = _parse(self.files, layout, self.paths, bufs)
+        self.bufs = bufs if st is not None else []
+        if st is not None:
+            seen: dict[int, bytes] = {}
+            for j in PROBE_POSITIONS[layout.version]:
+                v = bufs[j]
+                if v is not None:
+                    seen[j] = v
+            self.seen = seen
+        return st
 
 
 def raise_nofile(want: int) -> int:
@@ -461,7 +528,19 @@ _PSI = M.CONTAINER_PRESSURE_STALLED.name
 
 class CgroupCollector(Collector):
     """Reads every discovered container; also the one container discovery the hardware collectors use
-    (:meth:`identities`)."""
+    (:meth:`identities`).
+
+    Cost scales with change, not with the number of containers: each cycle reads, for every container, only
+    its CPU usage and effective cpuset (:data:`PROBE_POSITIONS`, two kept-open descriptors read with pread in
+    one C-level loop), and compares the bytes with the previous cycle's. The other files (memory, throttling,
+    PSI) are read only for containers whose probe changed, and for the others once every
+    ``idle_refresh_seconds`` (staggered over the cycles, so no cycle reads everything). Why the probe says
+    enough: CPU usage (cpuacct.usage, cpu.stat ``usage_usec``) is the tasks' run time, and CFS periods and
+    throttling are only counted while the cgroup runs (kernel/sched/fair.c, ``__account_cfs_rq_runtime``);
+    what can move while no task of the container runs is memory (reclaim, socket buffers charged in softirq)
+    and PSI stall time of tasks blocked on I/O or memory, hence the bounded idle refresh. The values of a
+    container not read in full are its last ones, written again (series without gaps, counters monotonic).
+    """
 
     name = "cgroup"
 
@@ -469,7 +548,6 @@ class CgroupCollector(Collector):
                  use_inotify: bool = True):
         self.cgroup_root = Path(cgroup_root)
         self.cfg = cfg or CgroupCollectorConfig()
-        self.containers: dict[str, ContainerInfo] = {}
         self.names = names
         self.use_inotify = use_inotify
         self._version: int | None = None
@@ -479,8 +557,31 @@ class CgroupCollector(Collector):
         self._lock = threading.Lock()
         self.kept_open_limit = 0  # descriptors this collector may keep open (0: not computed yet)
         self._named_cache: tuple[object, dict[ContainerIdentity, ContainerIdentity]] = (None, {})
-        self._row_order: list[_Tracked] = []  # the containers of the last row, in order
+        self.cycle = 0  # runs so far
+        self.full_reads = 0  # containers read in full in the last run
+        # Files read by each run, one list per run, when a list (the benchmark's C floor reads the same).
+        self.read_log: list[list[str]] | None = None
+        self._reset()
+
+    def _reset(self) -> None:
+        """Forget the per-cycle structures (after the layout changed, or the files were closed)."""
+        self._ids: list[ContainerIdentity] | None = None  # the identities the structures below were built for
+        self._want_psi = False
+        self._order: list[_Tracked] = []  # the containers of the row, in order
         self._row_keys: list[tuple[str, dict[str, str]]] = []  # and their series (Columns.keys)
+        self._offsets: list[int] = []  # where each container's values start in the row
+        self._values = np.zeros(0)  # the row, carried from cycle to cycle
+        self._last_full = np.zeros(0, dtype=np.int64)  # cycle of each container's last full read
+        self._pfds: list[int] = []  # the probe descriptors of every container, flat
+        self._psize: list[int] = []  # the bytes asked of each (about twice what it held)
+        self._ppaths: list[str] = []  # and their paths
+        self._powner: list[int] = []  # and the index of their container in _order
+        self._pstart: list[int] = [0]  # container i's probe descriptors are _pfds[_pstart[i]:_pstart[i + 1]]
+        self._pprev: list[bytes | None] = []  # what they read last
+        self._always: list[int] = []  # containers read in full every cycle (no probe: new, or files not kept)
+        self._held = 0  # descriptors kept open
+        self._snapshot: tuple[list[tuple[ContainerIdentity, ContainerStats]], float] = ([], 0.0)
+        self._containers: dict[str, ContainerInfo] | None = {}
 
     def reconfigure(self, cfg: CgroupCollectorConfig) -> None:
         """A new runtime socket or refresh interval replaces the runtime-names client; the rest is read per run."""
@@ -490,6 +591,22 @@ class CgroupCollector(Collector):
                 self.names.close()
             self.names = runtime_names(cfg)
         self.cfg = cfg
+
+    @property
+    def containers(self) -> dict[str, ContainerInfo]:
+        """Container id -> identity and stats as the last :meth:`collect` read them (built when asked; safe from
+        other threads: each run replaces the snapshot it is built from)."""
+        got = self._containers
+        if got is None:
+            infos, now = self._snapshot
+            got = self._containers = {i.container_id: ContainerInfo(i, st, now) for i, st in infos}
+        return got
+
+    @property
+    def refresh_cycles(self) -> int:
+        """A container whose probe did not change is read in full at least once in this many runs."""
+        cfg = self.cfg
+        return max(1, math.ceil(cfg.idle_refresh_seconds / cfg.interval_seconds - 1e-9))
 
     def discovery(self, root: Path) -> ContainerDiscovery:
         """The shared change-driven discovery of ``root`` (made on first use)."""
@@ -508,6 +625,9 @@ class CgroupCollector(Collector):
             if d is not None:
                 parts.append(f"discovery: {d.mode} ({d.watches} watches, {d.walks_total} walks)")
             parts.append(f"{self.open_descriptors} files kept open")
+            parts.append(f"{self.full_reads} of {len(self._order)} containers read in full in the last run "
+                         f"(the others' CPU usage and cpuset unchanged; each is read in full at least every "
+                         f"{self.refresh_cycles} runs)")
         if self.names is not None and self.names.error:
             parts.append(self.names.error)
         return "; ".join(parts) or None
@@ -562,7 +682,8 @@ class CgroupCollector(Collector):
 
     def collect_row(self, now: float) -> Columns:
         """Every container's series as one row of :class:`Columns`: the keys list is kept while the containers
-        stay the same, so the store resolves series only on change."""
+        stay the same, so the store resolves series only on change; a container not read in full this run
+        (see the class) keeps its values from the last run it was."""
         layout = detect_layout(self.cgroup_root)
         if layout is None:
             raise CollectorUnavailable(f"no cgroup hierarchy with CPU accounting under {self.cgroup_root}")
@@ -570,59 +691,186 @@ class CgroupCollector(Collector):
             self._close_files()
             self._layout = layout
         self._version = layout.version
-        pressure = self.cfg.pressure
         if not self.kept_open_limit:
             self.kept_open_limit = max(0, raise_nofile(1 << 20) - FD_HEADROOM)
-        values: list[float | None] = []  # None: not read (NaN in the row)
-        order: list[_Tracked] = []
-        seen: dict[str, ContainerInfo] = {}
+        self.cycle += 1
+        cycle = self.cycle
+        ids = self.identities(layout)
+        want_psi = self.cfg.pressure and layout.unified is not None
+        if ids != self._ids or want_psi != self._want_psi:
+            self._rebuild(layout, ids, want_psi)
+        if self._held > self.kept_open_limit:
+            self._shed()  # the limit was lowered: stop keeping the last containers' files
+        order = self._order
+        every = self.refresh_cycles
+        # 1. The probe: every container's CPU usage and cpuset, compared with the last read.
+        todo: set[int] = set(self._always)
+        got: list[bytes | None] = []
+        sizes = self._psize
+        redo_probe = False
+        if self._pfds and every > 1:
+            try:
+                got = list(map(os.pread, self._pfds, sizes, repeat(0, len(sizes))))
+                odd = any(map(eq, map(len, got), sizes))  # type: ignore[arg-type]
+            except OSError:  # a cgroup removed before its event arrived: find which, its full read says how
+                got = list(map(_pread_or_none, self._pfds, sizes))
+                odd = True
+            todo.update(compress(self._powner, map(ne, got, self._pprev)))
+            if odd:  # unreadable, or as long as asked (the file grew): read in full, ask for more next time
+                for o, b, size in zip(self._powner, got, sizes, strict=True):
+                    if b is None or len(b) >= size:
+                        todo.add(o)
+                        redo_probe = True
+            self._pprev = got
+            # 2. The idle refresh: whoever was not read in full for ``every`` runs.
+            todo.update(np.flatnonzero(cycle - self._last_full >= every).tolist())
+        else:
+            todo = set(range(len(order)))
+        # 3. Full reads.
+        pos = PROBE_POSITIONS[layout.version]
+        limit = self.kept_open_limit
+        values = self._values
+        gone: list[int] = []
+        log_reads: list[str] | None = [] if self.read_log is not None else None
+        if log_reads is not None:
+            log_reads += self._ppaths if got else []
+        pstart = self._pstart
+        for i in sorted(todo):
+            t = order[i]
+            held = len(t.files.fds)
+            probed: dict[int, bytes] = {}
+            if got and t.probe:
+                k = pstart[i]
+                probed = {j: b for j, b, size in zip(t.probe, got[k:pstart[i + 1]], sizes[k:], strict=False)
+                          if b is not None and len(b) < size}
+            st = t.full_read(layout, probed)
+            if log_reads is not None:
+                # (a file that is absent fails to open in the floor reader too)
+                log_reads += filter(None, t.rest if t.probe and len(probed) == len(t.probe) else t.paths)
+            off = self._offsets[i]
+            if st is None:
+                values[off:off + len(t.keys)] = np.nan
+                gone.append(i)
+                continue
+            self._held += len(t.files.fds) - held
+            if self._held > limit:
+                self._held -= len(t.files.fds)
+                t.files.close()  # beyond the descriptor limit: this one is opened and closed every cycle
+            if (len(t.files.fds) != held or not t.probe) and t.open_probe(pos) != t.probe:
+                redo_probe = True  # files opened or closed: the probe descriptors change
+            if st is t.stats:  # its files said what they said last time: its values stand
+                t.last_full = self._last_full[i] = cycle
+                continue
+            if t.stats is None:  # first read: spread the idle refreshes of containers found together
+                t.last_full = cycle - i % every
+            else:
+                t.last_full = cycle
+            self._last_full[i] = t.last_full
+            t.stats = st
+            # the cpuset's size only: a label listing the CPUs would make a new series at every cpuset change
+            t.values = [*st[:6], len(st.cpuset) if st.cpuset is not None else None]
+            if len(t.keys) > 7:
+                t.values += st.psi_seconds
+            values[off:off + len(t.keys)] = t.values
+        if gone:
+            for i in gone:
+                t = order[i]
+                self._held -= len(t.files.fds)
+                t.files.close()
+                if self._tracked.get(t.ident.container_id) is t:
+                    del self._tracked[t.ident.container_id]
+            self._ids = None  # rebuilt next run, without them
+            redo_probe = True
+        if redo_probe:
+            self._build_probe(layout)
+        self.full_reads = len(todo)
+        if log_reads is not None and self.read_log is not None:
+            self.read_log.append(log_reads)
+        dead = set(gone)
+        self._snapshot = ([(t.ident, t.stats) for i, t in enumerate(order)
+                           if t.stats is not None and i not in dead], now)
+        self._containers = None
+        return Columns(self._row_keys, values.copy())
+
+    def _rebuild(self, layout: CgroupLayout, ids: list[ContainerIdentity], want_psi: bool) -> None:
+        """The row's containers changed: track new ones, close the files of those gone, lay out the row."""
         tracked = self._tracked
         live: set[str] = set()
-        held = 0  # descriptors kept by the containers read so far in this cycle
-        limit = self.kept_open_limit
-        want_psi = pressure and layout.unified is not None
-        for ident in self.identities(layout):
+        order: list[_Tracked] = []
+        for ident in ids:
             cid = ident.container_id
+            if cid in live:
+                continue  # the same id twice (an extra cgroup named like a container): one row slot
             live.add(cid)
             t = tracked.get(cid)
-            if t is None or t.ident != ident or (len(t.paths) > 5) != want_psi:
+            if t is None or (t.ident is not ident and t.ident != ident) or (len(t.paths) > 5) != want_psi:
                 if t is not None:
+                    self._held -= len(t.files.fds)
                     t.files.close()
-                t = tracked[cid] = _Tracked(ident, ident.labels(), _paths(layout, ident.cgroup_path, pressure))
-            files = t.files
-            st = _read_one(files, layout, t.paths)
-            if held + len(files.fds) > limit:
-                files.close()  # beyond the descriptor limit: this one is opened and closed every cycle
-            held += len(files.fds)
-            if st is None:
-                files.close()
-                del tracked[cid]
-                continue
-            seen[cid] = ContainerInfo(ident, st, now)
+                t = tracked[cid] = _Tracked(ident, ident.labels(), _paths(layout, ident.cgroup_path, self.cfg.pressure))
             order.append(t)
-            values.extend(st[:6])
-            # the cpuset's size only: a label listing the CPUs would make a new series at every cpuset change
-            values.append(len(st.cpuset) if st.cpuset is not None else None)
-            if len(t.keys) > 7:
-                values.extend(st.psi_seconds)
         for cid in [c for c in tracked if c not in live]:
-            tracked.pop(cid).files.close()
-        self.containers = seen
-        if len(order) != len(self._row_order) or any(a is not b for a, b in zip(order, self._row_order, strict=True)):
-            self._row_order = order
+            t = tracked.pop(cid)
+            self._held -= len(t.files.fds)
+            t.files.close()
+        self._ids, self._want_psi = ids, want_psi
+        if len(order) != len(self._order) or any(a is not b for a, b in zip(order, self._order, strict=True)):
+            self._order = order
             self._row_keys = [k for t in order for k in t.keys]  # a new list: the store re-resolves (cheaply)
-        return Columns(self._row_keys, np.array(values, dtype=np.float64))
+            self._offsets = list(accumulate((len(t.keys) for t in order), initial=0))[:-1]
+            self._values = np.array([v for t in order for v in (t.values or (None,) * len(t.keys))],
+                                    dtype=np.float64)
+            self._last_full = np.array([t.last_full for t in order], dtype=np.int64)
+        self._build_probe(layout)
+
+    def _build_probe(self, layout: CgroupLayout) -> None:
+        """Lay out the probe descriptors of every container read in full before (whose files are kept open)."""
+        pos = PROBE_POSITIONS[layout.version]
+        fds: list[int] = []
+        sizes: list[int] = []
+        paths: list[str] = []
+        owner: list[int] = []
+        prev: list[bytes | None] = []
+        start = [0]
+        always: list[int] = []
+        for i, t in enumerate(self._order):
+            p = t.open_probe(pos) if t.stats is not None else ()
+            if p != t.probe:
+                t.set_probe(p)
+            if not p:
+                always.append(i)
+            for j in p:
+                fds.append(t.files.fds[t.paths[j]])
+                paths.append(t.paths[j])
+                owner.append(i)
+                prev.append(t.seen.get(j))
+                sizes.append(_ask(len(t.seen.get(j, b""))))
+            start.append(len(fds))
+        self._pfds, self._ppaths, self._powner, self._pprev, self._pstart = fds, paths, owner, prev, start
+        self._psize = sizes
+        self._always = always
+
+    def _shed(self) -> None:
+        """Close the files of containers from the end of the row until the descriptors fit the limit."""
+        for t in reversed(self._order):
+            if self._held <= self.kept_open_limit:
+                break
+            if t.files.fds:
+                self._held -= len(t.files.fds)
+                t.files.close()
+        if self._layout is not None:
+            self._build_probe(self._layout)
 
     def cpusets(self) -> dict[str, frozenset[int]]:
-        """Container id -> effective cpuset, as the last :meth:`collect` read it (the CPU lists are not in
-        the store: a label holding them would churn series). Safe from other threads: ``containers`` is
-        replaced, never changed, by each collect."""
+        """Container id -> effective cpuset, as the last :meth:`collect` read them (the CPU lists are not in
+        the store: a label holding them would churn series). The cpuset is part of the probe read every run."""
         return {cid: i.stats.cpuset for cid, i in self.containers.items() if i.stats.cpuset is not None}
 
     def _close_files(self) -> None:
         for t in self._tracked.values():
             t.files.close()
         self._tracked.clear()
+        self._reset()
 
     def close(self) -> None:
         self._close_files()
@@ -632,3 +880,10 @@ class CgroupCollector(Collector):
             self._discovery.clear()
         if self.names is not None:
             self.names.close()
+
+
+def _pread_or_none(fd: int, size: int) -> bytes | None:
+    try:
+        return os.pread(fd, size, 0)
+    except OSError:
+        return None

@@ -24,6 +24,7 @@ import contextlib
 import errno
 import fnmatch
 import logging
+import math
 import os
 import resource
 import threading
@@ -38,7 +39,7 @@ from ..sysfs import parse_flat_keyed, read_int, read_text
 from ..topology import Topology
 from . import perf_event as pe
 from .base import Collector, CollectorUnavailable, Probe
-from .cgroup import CgroupCollector, CgroupLayout, detect_layout
+from .cgroup import CgroupCollector, CgroupLayout, OpenFiles, _Gone, _paths, detect_layout
 from .identity import ContainerIdentity, short_name
 from .perfmon import EventResolveError, EventSpec, load_perfmon, resolve
 
@@ -121,6 +122,11 @@ class Watched:
     retired_times_ns: tuple[int, int] = (0, 0)  # enabled/running of CPU groups closed on a cpuset change
     series: dict[int, tuple[str, dict[str, str], float]] = field(default_factory=dict)  # event -> its series
     _labels: dict[str, dict[str, str]] = field(default_factory=dict)
+    usage_file: OpenFiles = field(default_factory=OpenFiles)  # the container's CPU usage file, kept open
+    usage: bytes | None = None  # its text when the groups were last read
+    read_at: float = 0.0  # and when
+    idle_runs: int = 0  # runs since, the groups not read (the container did not run)
+    times_ns: tuple[int, int] = (0, 0)  # enabled/running summed at that read
 
     def labels(self, reason: str | None = None) -> dict[str, str]:
         """The container's labels (with an empty ``reason`` for perf_monitored), built once."""
@@ -202,6 +208,7 @@ class PerfCollector(Collector):
         self.clock = clock
         self.watched: dict[str, Watched] = {}
         self.skipped: dict[str, Skipped] = {}
+        self.idle_containers = 0  # watched containers whose groups the last run did not read (they did not run)
         self.unsupported: dict[str, str] = {}  # event name -> why
         self.events: list[EventSpec] = []
         self.bad_cpus: set[int] = set()
@@ -371,6 +378,8 @@ class PerfCollector(Collector):
 
     def _sync_groups(self, root: PerfCgroupRoot, w: Watched, cpus: list[int]) -> None:
         want = set(cpus)
+        if set(w.groups) != want:
+            w.usage = None  # groups change: read them this run
         for cpu in [c for c in w.groups if c not in want]:
             g = w.groups.pop(cpu)
             for i, v in g.last.items():
@@ -473,7 +482,7 @@ class PerfCollector(Collector):
                 continue
             w = self.watched.get(cid) or Watched(ident)
             if w.ident != ident:  # names arrived from the runtime: new labels
-                w.ident, w.series, w._labels = ident, {}, {}
+                w.ident, w.series, w._labels, w.usage = ident, {}, {}, None
             try:
                 self._sync_groups(root, w, self._target_cpus(ident))
             except _NoPerfCgroup:
@@ -497,7 +506,7 @@ class PerfCollector(Collector):
         if not self.supported_events:
             raise CollectorUnavailable("none of the configured perf events is supported here: " + "; ".join(
                 f"{k} ({v})" for k, v in self.unsupported.items()))
-        return self._read_all(now)
+        return self._read_all(now, layout)
 
     def _series_of(self, w: Watched, i: int) -> tuple[str, dict[str, str], float]:
         """Metric name, labels and unit factor of event ``i`` for a watched container (built once)."""
@@ -510,12 +519,49 @@ class PerfCollector(Collector):
                                  _UNIT_SCALE.get(ev.key, 1.0))
         return got
 
-    def _read_all(self, now: float) -> list[Sample]:
+    @property
+    def refresh_runs(self) -> int:
+        """The groups of a container that did not run are read at least once in this many runs: the cgroup
+        collector's ``idle_refresh_seconds`` over this collector's interval (1: every run)."""
+        idle = getattr(getattr(self.discovery, "cfg", None), "idle_refresh_seconds", 0.0)
+        return max(1, math.ceil(idle / self.cfg.interval_seconds - 1e-9))
+
+    def _idle(self, w: Watched, layout: CgroupLayout, now: float, every: int, n: int) -> bool:
+        """Whether the container's tasks did not run since its groups were last read (its CPU usage file says
+        the same): cgroup events count, and their enabled/running times advance, only while the cgroup runs on
+        the CPU (kernel/events/core.c, perf_cgroup_event_time), so its counts stand."""
+        try:
+            usage = w.usage_file.read(_paths(layout, w.ident.cgroup_path, False)[0])
+        except _Gone:
+            usage = None
+        if (usage is not None and usage == w.usage and w.idle_runs + 1 < every and w.prev_totals is not None
+                and now - w.read_at < every * self.cfg.interval_seconds):
+            w.idle_runs += 1
+            return True
+        w.idle_runs = n % every if w.usage is None else 0  # containers watched together refresh in turn
+        w.usage, w.read_at = usage, now
+        return False
+
+    def _read_all(self, now: float, layout: CgroupLayout | None = None) -> list[Sample]:
         samples: list[Sample] = []
         idx_cycles = next((i for i, e in enumerate(self.events) if e.key == "cycles"), None)
         idx_instr = next((i for i, e in enumerate(self.events) if e.key == "instructions"), None)
-        for w in self.watched.values():
-            totals: dict[int, float] = dict(w.retired)
+        every = self.refresh_runs if layout is not None else 1
+        self.idle_containers = 0
+        for n, w in enumerate(self.watched.values()):
+            if every > 1 and layout is not None and self._idle(w, layout, now, every, n):
+                self.idle_containers += 1
+                totals = w.prev_totals or {}
+                lab = w.labels()
+                for ev_i, count in totals.items():
+                    name, labels, unit = self._series_of(w, ev_i)
+                    samples.append(Sample(name, labels, count * unit))
+                samples.append(Sample(M.CONTAINER_PERF_MONITORED.name, w.labels("reason"), 1.0))
+                samples.append(Sample(M.CONTAINER_PERF_ENABLED.name, lab, w.times_ns[0] / 1e9))
+                samples.append(Sample(M.CONTAINER_PERF_RUNNING.name, lab, w.times_ns[1] / 1e9))
+                samples.append(Sample(M.CONTAINER_PERF_DESCRIPTORS.name, lab, float(w.fds)))
+                continue
+            totals = dict(w.retired)
             enabled_ns, running_ns = w.retired_times_ns
             for g in w.groups.values():
                 try:
@@ -548,6 +594,7 @@ class PerfCollector(Collector):
                 if di > 0 and dc >= 0:
                     samples.append(Sample(M.CONTAINER_CPI.name, lab, dc / di))
             w.prev_totals = totals
+            w.times_ns = (enabled_ns, running_ns)
             samples.append(Sample(M.CONTAINER_PERF_MONITORED.name, w.labels("reason"), 1.0))
             # The multiplexing made visible: counts above are scaled by enabled / running.
             samples.append(Sample(M.CONTAINER_PERF_ENABLED.name, lab, enabled_ns / 1e9))
@@ -571,6 +618,8 @@ class PerfCollector(Collector):
         for g in w.groups.values():
             _close_group(g)
         w.groups.clear()
+        w.usage_file.close()
+        w.usage = None
 
     def close(self) -> None:
         with self._lock:

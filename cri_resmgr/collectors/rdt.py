@@ -38,18 +38,22 @@ from __future__ import annotations
 import errno
 import fnmatch
 import logging
+import math
 import os
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from .. import metrics as M
 from ..config import RdtCollectorConfig
-from ..store import Sample
+from ..store import Columns, Sample
 from ..sysfs import read_int, read_text
 from .base import Collector, CollectorUnavailable, Probe
-from .cgroup import CgroupCollector, CgroupLayout, OpenFiles, _Gone, detect_layout
+from .cgroup import CgroupCollector, CgroupLayout, OpenFiles, _Gone, _paths, detect_layout
 from .identity import ContainerIdentity, short_name
 
 log = logging.getLogger(__name__)
@@ -66,6 +70,10 @@ LIMBO_RETRY_SECONDS = 1.0
 # threads), so the collector trusts its own record of what it wrote and re-reads the file only this often
 # (to see tasks that someone else moved away).
 TASKS_VERIFY_SECONDS = 60.0
+# What changes only when resctrl or the cgroup tree is remounted or a CTRL_MON group is made or removed (the
+# info/ files, the L3 domains, the cgroup layout, the CTRL_MON groups, which of our MON groups still exist) is
+# looked at again this often, and at once when a kept-open counter file of ours reports its group gone.
+STATIC_REFRESH_SECONDS = 30.0
 
 
 @dataclass(frozen=True)
@@ -159,6 +167,12 @@ class MonGroup:
     verified_at: float | None = None
     files: OpenFiles = field(default_factory=OpenFiles)  # its counters and the container's thread list, kept open
     misplaced: bool = False  # a task write said the threads are in another CTRL_MON group (a class change)
+    usage: bytes | None = None  # the container's CPU usage file as it read at the group's last counter read
+    idle_runs: int = 0  # runs since that read (the counters not read: the container did not run)
+    read_at: float = 0.0  # the time of that read
+    occupancy: list[tuple[tuple[str, dict[str, str]], float]] = field(default_factory=list)  # as last read
+    usage_path: str = ""  # the container's CPU usage file ("" until known for the current cgroup layout)
+    threads_path: str = ""  # its thread list, likewise
 
     @property
     def ctrl(self) -> Path:
@@ -182,6 +196,18 @@ class Watch:
     last_watched: float = float("-inf")  # for rotation: the least recently watched go first
     reason: str = ""
     _labels: dict[tuple[str, str], dict[str, str]] = field(default_factory=dict)  # built once, reused
+    _keys: dict[tuple[str, str, str], tuple[str, dict[str, str]]] = field(default_factory=dict)  # likewise
+    # (key in observed, its bandwidth series key), in the order of observed; rebuilt when observed grows
+    _bw: list[tuple[tuple[str, int], tuple[str, dict[str, str]]]] = field(default_factory=list)
+
+    def rename(self, ident: ContainerIdentity) -> None:
+        """The container's names arrived from the runtime: its series keys are made again."""
+        self.ident, self._labels, self._keys, self._bw = ident, {}, {}, []
+
+    def bandwidth_items(self) -> list[tuple[tuple[str, int], tuple[str, dict[str, str]]]]:
+        if len(self._bw) != len(self.observed):
+            self._bw = [(k, self.bandwidth_key(k)) for k in self.observed]
+        return self._bw
 
     def labels(self) -> dict[str, str]:
         return self.labels_with("", "")
@@ -192,6 +218,22 @@ class Watch:
             base = self.ident.labels()
             lab = self._labels[(k, v)] = {**base, k: v} if k else base
         return lab
+
+    def key(self, metric: str, k: str, v: str) -> tuple[str, dict[str, str]]:
+        """The series key ``(metric, labels)`` with one extra label (none when ``k`` is ""), the same tuple
+        object every run (the store's column plan is matched by identity)."""
+        got = self._keys.get((metric, k, v))
+        if got is None:
+            got = self._keys[(metric, k, v)] = (metric, self.labels_with(k, v))
+        return got
+
+    def bandwidth_key(self, key: tuple[str, int]) -> tuple[str, dict[str, str]]:
+        """The key of the bandwidth series of ``(file, cache id)``, the same tuple every run."""
+        got = self._keys.get((M.CONTAINER_MEMORY_BANDWIDTH.name, key[0], str(key[1])))
+        if got is None:
+            got = self._keys[(M.CONTAINER_MEMORY_BANDWIDTH.name, key[0], str(key[1]))] = (
+                M.CONTAINER_MEMORY_BANDWIDTH.name, self.bandwidth_labels(key))
+        return got
 
     def bandwidth_labels(self, key: tuple[str, int]) -> dict[str, str]:
         k = ("scope/cache_id", f"{MBM_FILES[key[0]]}/{key[1]}")
@@ -293,6 +335,21 @@ class RdtCollector(Collector):
         self._cpu: dict[str, tuple[float, float]] = {}  # container id -> (time, cpu seconds), for ranking
         self._cpu_rate: dict[str, float] = {}
         self._tid_ctrl: dict[int, Path] | None = None  # thread -> CTRL_MON group, read at most once a run
+        self._row_keys: list[tuple[str, Mapping[str, str]]] = []  # the last row's keys (Columns.keys)
+        self.idle_groups = 0  # groups whose counters the last run did not read (their container did not run)
+        # Files read by each run, one list per run, when a list (the benchmark's C floor reads the same).
+        self.read_log: list[list[str]] | None = None
+        self._keys: dict[tuple[str, tuple], tuple[str, Mapping[str, str]]] = {}  # node-level series keys
+        # (container id, reason) -> (key of its rdt_monitored 0 series, the identity it was made for)
+        self._unmonitored_keys: dict[tuple[str, str], tuple[tuple[str, dict[str, str]], ContainerIdentity]] = {}
+        # What is looked at again only every STATIC_REFRESH_SECONDS (or when a group of ours went missing):
+        # (resctrl info, cgroup layout, L3 domain ids), and when that was read.
+        self._static: tuple[ResctrlInfo, CgroupLayout, list[int]] | None = None
+        self._static_at = 0.0
+        self._recheck = False  # a kept-open counter file said its group is gone: look again next run
+        self._node_reads: list[tuple[str, str, int, str]] = []  # (ctrl group, file, cache id, path): node totals
+        self._node_files = OpenFiles()  # those files, kept open
+        self._codes: dict[str, str] = {}  # unmonitored reason -> its rdt_monitored reason label
         self._lock = threading.Lock()
 
     def reconfigure(self, cfg: RdtCollectorConfig) -> None:
@@ -302,6 +359,7 @@ class RdtCollector(Collector):
                 self._close()
                 self._cleaned = False
             self.cfg = cfg
+            self._static = None
 
     @property
     def control_dir(self) -> Path:
@@ -419,13 +477,34 @@ class RdtCollector(Collector):
         except OSError as e:
             self._issue(g.ident, "rmdir", g.path, e)
 
-    def _sync_tasks(self, layout: CgroupLayout, g: MonGroup) -> None:
-        rel = g.ident.cgroup_path.strip("/")
+    @property
+    def refresh_runs(self) -> int:
+        """Counters of a group whose container did not run are read at least once in this many runs: the
+        cgroup collector's ``idle_refresh_seconds`` over this collector's interval (1: read every run)."""
+        idle = getattr(getattr(self.discovery, "cfg", None), "idle_refresh_seconds", 0.0)
+        return max(1, math.ceil(idle / self.cfg.interval_seconds - 1e-9))
+
+    def _usage(self, layout: CgroupLayout, g: MonGroup) -> tuple[str, bytes | None]:
+        """The container's CPU usage file (cpuacct.usage, v2 cpu.stat), kept open, and its text now."""
+        path = g.usage_path
+        if not path:
+            path = g.usage_path = _paths(layout, g.ident.cgroup_path, False)[0]
         try:
-            if layout.version == 2:
-                text = g.files.read(f"{layout.root}/{rel}/cgroup.threads")
-            else:
-                text = g.files.read(f"{layout.root}/{rel}/tasks")
+            return path, g.files.read(path)
+        except _Gone:
+            return path, None
+
+    @staticmethod
+    def _threads_path(layout: CgroupLayout, g: MonGroup) -> str:
+        if not g.threads_path:
+            rel = g.ident.cgroup_path.strip("/")
+            g.threads_path = (f"{layout.root}/{rel}/cgroup.threads" if layout.version == 2
+                              else f"{layout.root}/{rel}/tasks")
+        return g.threads_path
+
+    def _sync_tasks(self, layout: CgroupLayout, g: MonGroup) -> None:
+        try:
+            text = g.files.read(self._threads_path(layout, g))
         except _Gone:
             return
         want = parse_ids(text.decode()) if text is not None else container_threads(layout, g.ident.cgroup_path)
@@ -490,25 +569,43 @@ class RdtCollector(Collector):
             return []
         return sorted(out)
 
-    def _read(self, d: Path, fname: str) -> MonValue:
-        v = parse_mon_value(read_small(d / fname))
-        self.readings[v.status] = self.readings.get(v.status, 0) + 1
-        return v
-
     def _read_kept(self, files: OpenFiles, path: str) -> MonValue:
         try:
             b = files.read(path)
         except _Gone:
             b = None
+        if b is None:
+            self._recheck = True  # the group (or resctrl) may be gone: look at the directories next run
         v = parse_mon_value(b.decode() if b is not None else None)
         self.readings[v.status] = self.readings.get(v.status, 0) + 1
         return v
 
     def collect(self, now: float) -> list[Sample]:
-        with self._lock:
-            return self._collect(now)
+        return self.collect_row(now).samples()
 
-    def _collect(self, now: float) -> list[Sample]:
+    def collect_row(self, now: float) -> Columns:
+        """The run's series as one row of :class:`Columns`; the keys list is the same object as the last run's
+        while the series are the same (between rotation slices), so the store resolves them only on change."""
+        with self._lock:
+            keys, values = self._collect(now)
+        if keys == self._row_keys:  # the same key tuples, compared by identity first
+            keys = self._row_keys
+        else:
+            self._row_keys = keys
+        return Columns(keys, np.array(values, dtype=np.float64))
+
+    def _key(self, metric: str, labels: Mapping[str, str]) -> tuple[str, Mapping[str, str]]:
+        """The one key tuple of a node-level series (few: per L3 domain, or none)."""
+        k = (metric, tuple(labels.items()))
+        got = self._keys.get(k)
+        if got is None:
+            got = self._keys[k] = (metric, labels)
+        return got
+
+    def _look(self) -> tuple[ResctrlInfo, CgroupLayout, list[int]]:
+        """What changes only with a remount or a new CTRL_MON group: resctrl's info, the cgroup layout, the L3
+        domains; and the node totals' files. Raises CollectorUnavailable as the collector is down."""
+        self._static = None
         info = self._availability()
         self.info = info
         layout = detect_layout(self.cgroup_root)
@@ -517,6 +614,31 @@ class RdtCollector(Collector):
         if not (self.control_dir / "mon_groups").is_dir():
             raise CollectorUnavailable(f"{self.control_dir / 'mon_groups'} does not exist (control_group "
                                        f"{self.cfg.control_group!r} is not a CTRL_MON group)")
+        # Every group has one mon_L3_XX per L3 domain (the same set): list them once, from the root.
+        domain_ids = [cid for cid, _ in self.domains(self.root)]
+        mbm = [f for f in MBM_FILES if f in info.features]
+        node_files = [*mbm, OCCUPANCY_FILE] if OCCUPANCY_FILE in info.features else mbm
+        reads = [(str(ctrl), f, cache_id, f"{d}/{f}") for ctrl in self.ctrl_groups()
+                 for cache_id, d in self.domains(ctrl) for f in node_files]
+        if reads != self._node_reads:
+            self._node_files.close()
+            self._node_reads = reads
+        self._static = (info, layout, domain_ids)
+        self._static_at = self.clock()
+        return self._static
+
+    def _collect(self, now: float) -> tuple[list[tuple[str, Mapping[str, str]]], list[float]]:
+        static = self._static
+        look = static is None or self._recheck or self.clock() - self._static_at >= STATIC_REFRESH_SECONDS
+        if look:
+            prev_layout = static[1] if static is not None else None
+            static = self._look()
+            if prev_layout is not None and prev_layout != static[1]:
+                for g in self.groups.values():
+                    g.usage_path = g.threads_path = ""
+        assert static is not None
+        info, layout, domain_ids = static
+        self._recheck = False
         self.issues = []
         self.readings = {}
         idents = {i.container_id: i for i in self.discovery.identities(layout)}
@@ -529,16 +651,17 @@ class RdtCollector(Collector):
         self.watches = {k: w for k, w in self.watches.items() if k in idents}
         self.unmonitored = {}
         self._tid_ctrl = None
-        present: set[Path] = set()
-        for ctrl in {g.ctrl for g in self.groups.values()}:
-            try:
-                present.update(ctrl / "mon_groups" / e.name for e in os.scandir(ctrl / "mon_groups"))
-            except OSError:
-                continue
-        for cid in [c for c, g in self.groups.items() if g.path not in present]:
-            del self.groups[cid]  # removed behind our back: made again below
-            if cid in self.watches:
-                self.watches[cid].lost_group()
+        if look:  # groups removed behind our back (a read of theirs failed, or now and then): made again below
+            present: dict[Path, set[str]] = {}
+            for ctrl in {g.path.parent for g in self.groups.values()}:
+                try:
+                    present[ctrl] = set(os.listdir(ctrl))
+                except OSError:
+                    present[ctrl] = set()
+            for cid in [c for c, g in self.groups.items() if g.path.name not in present[g.path.parent]]:
+                del self.groups[cid]
+                if cid in self.watches:
+                    self.watches[cid].lost_group()
 
         for cid in [c for c, g in self.groups.items() if g.misplaced]:
             g = self.groups[cid]
@@ -558,9 +681,9 @@ class RdtCollector(Collector):
             self._rmid_exhausted_at = None
             self.watches.setdefault(cid, Watch(idents[cid])).lost_group()
         for cid, why in desired.items():
-            w = self.watches.setdefault(cid, Watch(idents[cid]))
-            if w.ident != idents[cid]:
-                w.ident, w._labels = idents[cid], {}  # names arrived from the runtime
+            w = self.watches.get(cid) or self.watches.setdefault(cid, Watch(idents[cid]))
+            if w.ident is not idents[cid] and w.ident != idents[cid]:
+                w.rename(idents[cid])  # names arrived from the runtime
             w.reason = why
             if cid in self.groups:
                 continue
@@ -578,62 +701,116 @@ class RdtCollector(Collector):
             if cid not in self.groups and cid not in self.unmonitored:
                 self.unmonitored[cid] = (ident, "waiting for its rotation slice")
 
-        samples: list[Sample] = []
+        keys: list[tuple[str, Mapping[str, str]]] = []
+        values: list[float] = []
         width = self.cfg.mbm_counter_width_bits
         mbm = [f for f in MBM_FILES if f in info.features]
         occ = OCCUPANCY_FILE in info.features
-        # Every group has one mon_L3_XX per L3 domain (the same set): list them once, from the root.
-        domain_ids = [cid for cid, _ in self.domains(self.root)]
         files = [*mbm, OCCUPANCY_FILE] if occ else mbm
-        for cid, g in self.groups.items():
-            self._sync_tasks(layout, g)
-            w = self.watches.setdefault(cid, Watch(g.ident))
-            if g.reads is None:
-                base = str(g.path)
-                g.reads = [(f, c, f"{base}/mon_data/mon_L3_{c:02d}/{f}") for c in domain_ids for f in files]
-            for fname, cache_id, path in g.reads:
-                v = self._read_kept(g.files, path)
-                if v.value is None:
-                    continue
-                if fname == OCCUPANCY_FILE:
-                    samples.append(Sample(M.CONTAINER_LLC_OCCUPANCY.name, w.labels_with("cache_id", str(cache_id)),
-                                          float(v.value)))
-                    continue
-                key = (fname, cache_id)
-                prev = w.last_raw.get(key)
-                if prev is not None:
-                    w.observed[key] = w.observed.get(key, 0) + counter_delta(prev, v.value, width)
-                else:
-                    w.observed.setdefault(key, 0)
-                w.last_raw[key] = v.value
+        every = self.refresh_runs
+        idle_seconds = every * self.cfg.interval_seconds  # also a bound in time: runs may come late
+        self.idle_groups = 0
+        log_reads: list[str] | None = [] if self.read_log is not None else None
+        for n, (cid, g) in enumerate(self.groups.items()):
+            w = self.watches.get(cid) or self.watches.setdefault(cid, Watch(g.ident))
+            usage_path, usage = self._usage(layout, g) if every > 1 else ("", None)
+            if log_reads is not None and usage_path:
+                log_reads.append(usage_path)
+            if (usage is not None and usage == g.usage and g.idle_runs + 1 < every and w.last_read is not None
+                    and now - g.read_at < idle_seconds):
+                # The container's tasks did not run since the counters were read: MBM counts only while its
+                # RMID is loaded on a CPU, i.e. while its tasks run (resctrl.rst, "RMID"), so the counters
+                # stand; occupancy can drop (others evict its lines) and is read again within ``every`` runs.
+                g.idle_runs += 1
+                self.idle_groups += 1
+                for occ_key, occ_bytes in g.occupancy:
+                    keys.append(occ_key)
+                    values.append(occ_bytes)
+            else:
+                first = g.usage is None
+                g.usage, g.read_at = usage, now
+                g.idle_runs = n % every if first else 0  # groups made together refresh in turn
+                self._sync_tasks(layout, g)
+                if g.reads is None:
+                    base = str(g.path)
+                    g.reads = [(f, c, f"{base}/mon_data/mon_L3_{c:02d}/{f}") for c in domain_ids for f in files]
+                if log_reads is not None:
+                    log_reads += [p for _, _, p in g.reads]
+                    log_reads.append(self._threads_path(layout, g))
+                g.occupancy = []
+                for fname, cache_id, path in g.reads:
+                    v = self._read_kept(g.files, path)
+                    if v.value is None:
+                        continue
+                    if fname == OCCUPANCY_FILE:
+                        k = w.key(M.CONTAINER_LLC_OCCUPANCY.name, "cache_id", str(cache_id))
+                        g.occupancy.append((k, float(v.value)))
+                        keys.append(k)
+                        values.append(float(v.value))
+                        continue
+                    key = (fname, cache_id)
+                    prev = w.last_raw.get(key)
+                    if prev is not None:
+                        w.observed[key] = w.observed.get(key, 0) + counter_delta(prev, v.value, width)
+                    else:
+                        w.observed.setdefault(key, 0)
+                    w.last_raw[key] = v.value
+            # Watched time runs whether or not the counters were read: the group counted all along.
             if w.first_read is None:
                 w.first_read = now
             elif w.last_read is not None and now > w.last_read:
                 w.watched_seconds += now - w.last_read
             w.last_read = now
             w.last_watched = now
+        if log_reads is not None and self.read_log is not None:
+            self.read_log.append(log_reads)
+        groups = self.groups
         for cid, w in self.watches.items():
-            lab = w.labels()
-            for key in w.observed:
-                est = w.estimate(key, now)
-                if est is not None:
-                    samples.append(Sample(M.CONTAINER_MEMORY_BANDWIDTH.name, w.bandwidth_labels(key), est))
+            if w.first_read is not None and w.observed:  # Watch.estimate of each, inline (every watch, every run)
+                scale = max(1.0, (now - w.first_read) / w.watched_seconds) if w.gaps and w.watched_seconds > 0 \
+                    else 1.0
+                observed, exported = w.observed, w.exported
+                for key, skey in w.bandwidth_items():
+                    est = observed[key] * scale
+                    e = exported.get(key, 0.0)
+                    if est < e:
+                        est = e  # kept monotonic
+                    exported[key] = est
+                    keys.append(skey)
+                    values.append(est)
             if w.first_read is not None:
-                samples.append(Sample(M.CONTAINER_RDT_MONITORED_SECONDS.name, lab, w.watched_seconds))
-            if cid in self.groups:
-                samples.append(Sample(M.CONTAINER_RDT_MONITORED.name, w.labels_with("reason", w.reason), 1.0))
-        for ident, reason in self.unmonitored.values():
-            code = ("rmid_limbo" if "limbo" in reason else "rmid_exhausted" if "RMID" in reason
-                    else "rotation_wait" if "rotation" in reason else "mkdir_failed")
-            samples.append(Sample(M.CONTAINER_RDT_MONITORED.name, {**ident.labels(), "reason": code}, 0.0))
-        samples += self._node_totals(mbm, occ, width)
+                keys.append(w.key(M.CONTAINER_RDT_MONITORED_SECONDS.name, "", ""))
+                values.append(w.watched_seconds)
+            if cid in groups:
+                keys.append(w.key(M.CONTAINER_RDT_MONITORED.name, "reason", w.reason))
+                values.append(1.0)
+        unmon = self._unmonitored_keys
+        if len(unmon) > 4 * max(64, len(idents)):
+            unmon.clear()  # containers gone: start again
+        codes = self._codes
+        if len(codes) > 64:
+            codes.clear()
+        for cid, (ident, reason) in self.unmonitored.items():
+            code = codes.get(reason)
+            if code is None:
+                code = codes[reason] = ("rmid_limbo" if "limbo" in reason else "rmid_exhausted" if "RMID" in reason
+                                        else "rotation_wait" if "rotation" in reason else "mkdir_failed")
+            got = unmon.get((cid, code))
+            if got is None or got[1] is not ident:
+                got = unmon[(cid, code)] = ((M.CONTAINER_RDT_MONITORED.name, {**ident.labels(), "reason": code}), ident)
+            keys.append(got[0])
+            values.append(0.0)
+        tail = self._node_totals(width)
         if info.num_rmids is not None:
-            samples.append(Sample(M.RDT_RMIDS.name, {}, float(info.num_rmids)))
+            tail.append(Sample(M.RDT_RMIDS.name, {}, float(info.num_rmids)))
         if self.capacity is not None:
-            samples.append(Sample(M.RDT_RMID_BUDGET.name, {}, float(self.capacity)))
-        samples.append(Sample(M.RDT_MON_GROUPS.name, {}, float(len(self.groups))))
-        samples.append(Sample(M.RDT_WRITE_ERRORS.name, {}, float(self.write_errors_total)))
-        return samples
+            tail.append(Sample(M.RDT_RMID_BUDGET.name, {}, float(self.capacity)))
+        tail.append(Sample(M.RDT_MON_GROUPS.name, {}, float(len(self.groups))))
+        tail.append(Sample(M.RDT_WRITE_ERRORS.name, {}, float(self.write_errors_total)))
+        for smp in tail:
+            keys.append(self._key(smp.metric, smp.labels))
+            values.append(smp.value)
+        return keys, values
 
     # -- the RMID budget -----------------------------------------------------------------------------
     def rmids_used_by_others(self) -> int:
@@ -712,11 +889,11 @@ class RdtCollector(Collector):
         if cap is None or len(idents) <= cap:
             self._desired = {cid: "all" for cid in idents}
             return dict(self._desired)
-        self._update_cpu()
-        ranked = sorted(idents.values(), key=self._rank_key)
         rotating_slots = min(cap, max(1, int(cap * self.cfg.rotation_share))) if cap > 0 else 0
         fixed_n = cap - rotating_slots
         if boundary:
+            self._update_cpu()  # only where a ranking is made: CPU use over the time since the last one
+            ranked = sorted(idents.values(), key=self._rank_key)
             desired: dict[str, str] = {}
             for ident in ranked[:fixed_n]:
                 desired[ident.container_id] = "priority" if self._is_priority(ident) else "ranked"
@@ -725,7 +902,11 @@ class RdtCollector(Collector):
                 desired[ident.container_id] = "rotation"
         else:
             desired = {cid: why for cid, why in self._desired.items() if cid in idents}
-            for ident in ranked:  # slots freed by exited containers go to the next in line
+            # slots freed by exited containers go to the next in line (ranked only when there is one: no
+            # sort of every container in a run where no slot is free)
+            if len(desired) < cap:
+                self._update_cpu()
+            for ident in sorted(idents.values(), key=self._rank_key) if len(desired) < cap else ():
                 if len(desired) >= cap:
                     break
                 desired.setdefault(ident.container_id, "rotation")
@@ -749,20 +930,22 @@ class RdtCollector(Collector):
             out.append(str(layout.root / rel / ("cgroup.threads" if layout.version == 2 else "tasks")))
         return out
 
-    def _node_totals(self, mbm: list[str], occ: bool, width: int) -> list[Sample]:
+    def _node_totals(self, width: int) -> list[Sample]:
+        """Sums over the CTRL_MON groups (listed by _look, their files kept open)."""
         bw: dict[tuple[str, int], int] = {}
         occupancy: dict[int, int] = {}
-        for ctrl in self.ctrl_groups():
-            for cache_id, d in self.domains(ctrl):
-                for fname in mbm:
-                    v = self._read(d, fname)
-                    c = self._node.setdefault((str(ctrl), fname, cache_id), Counter())
-                    if v.value is not None:
-                        c.advance(v.value, width)
-                if occ:
-                    v = self._read(d, OCCUPANCY_FILE)
-                    if v.value is not None:
-                        occupancy[cache_id] = occupancy.get(cache_id, 0) + v.value
+        node = self._node
+        for ctrl, fname, cache_id, path in self._node_reads:
+            v = self._read_kept(self._node_files, path)
+            if fname == OCCUPANCY_FILE:
+                if v.value is not None:
+                    occupancy[cache_id] = occupancy.get(cache_id, 0) + v.value
+                continue
+            c = node.get((ctrl, fname, cache_id))
+            if c is None:
+                c = node[(ctrl, fname, cache_id)] = Counter()
+            if v.value is not None:
+                c.advance(v.value, width)
         # Counters of CTRL_MON groups removed since keep their totals, so the node counter never drops.
         for (_ctrl, fname, cache_id), c in self._node.items():
             if c.last_raw is not None:
@@ -782,6 +965,8 @@ class RdtCollector(Collector):
         for g in self.groups.values():
             self._rmdir(g)
         self.groups.clear()
+        self._node_files.close()
+        self._static = None
 
 
 

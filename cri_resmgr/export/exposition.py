@@ -12,6 +12,7 @@ Format: https://prometheus.io/docs/instrumenting/exposition_formats/#text-based-
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -19,6 +20,8 @@ from typing import TYPE_CHECKING
 from .. import metrics as M
 
 if TYPE_CHECKING:  # the relay and the NRI plugin use the writers below without the store (numpy, ~100 ms)
+    import numpy as np
+
     from ..store import Store
 
 
@@ -85,12 +88,29 @@ def _family_head(spec: M.MetricSpec) -> str:
     return f"# HELP {spec.name} {_escape_help(spec.help)}\n# TYPE {spec.name} {spec.type}\n"
 
 
+@dataclass
+class _Run:
+    """Consecutive series of one metric that live in one table: their columns and ``name{labels} `` prefixes, and
+    the lines last rendered from the values ``shown`` (a line is formatted again only when its value changed)."""
+
+    table: str
+    cols: np.ndarray
+    prefixes: list[str]
+    shown: np.ndarray | None = None  # uint64 bit patterns of the values the lines hold
+    lines: list[str] | None = None
+
+
 class Exposition:
+    """Renders the store's live series and the direct samples. What each series' line starts with is worked out
+    once per change of the store's index (:attr:`Store.index_version`), and a line is formatted again only when
+    its value changed since the last scrape: a scrape costs vector operations plus the series that changed."""
+
     def __init__(self, store: Store, direct: Callable[[], Iterable[DirectSample]] = lambda: ()):
         self.store = store
         self.direct = direct
-        self._prefix: dict[int, tuple] = {}
         self._header: dict[str, str] = {}
+        self._plan: tuple[int, list[tuple[str, list[_Run]]]] | None = None
+        self._lock = threading.Lock()  # concurrent scrapes: one at a time updates the remembered lines
 
     def _head(self, spec: M.MetricSpec) -> str:
         h = self._header.get(spec.name)
@@ -98,33 +118,66 @@ class Exposition:
             h = self._header[spec.name] = _family_head(spec)
         return h
 
-    def render(self) -> bytes:
+    def _families(self) -> list[tuple[str, list[_Run]]]:
+        import numpy as np
+
         store = self.store
-        # Python lists: indexing them and repr() of Python floats is several times faster than numpy scalars.
-        vectors = {t: (live.tolist(), vals.tolist()) for t, (live, vals) in store.latest_vectors().items()}
-        out: list[str] = []
-        prefix = self._prefix
-        index = store.series_by_metric()
-        if len(prefix) > 4 * max(1024, store.series_count):
-            prefix.clear()  # series churn: keep the cache bounded
+        if self._plan is not None and self._plan[0] == store.index_version:
+            return self._plan[1]
+        version, index = store.versioned_series()
+        old = {} if self._plan is None else {(m, r.table, len(r.cols), r.prefixes[0]): r
+                                             for m, runs in self._plan[1] for r in runs}
+        families = []
         for metric, refs in index.items():
-            lines = []
-            table = None
-            live = vals = ()
-            for ref in refs:
-                if ref.table != table:
-                    table = ref.table
-                    live, vals = vectors.get(table, ((), ()))
-                col = ref.col
-                if col >= len(live) or not live[col]:
+            runs: list[_Run] = []
+            start = 0
+            for i in range(1, len(refs) + 1):
+                if i == len(refs) or refs[i].table != refs[start].table:
+                    part = refs[start:i]
+                    cols = np.fromiter((r.col for r in part), dtype=np.int64, count=len(part))
+                    prefixes = [_series_prefix(metric, r.labels) for r in part]
+                    prev = old.get((metric, part[0].table, len(part), prefixes[0]))
+                    if prev is not None and prev.prefixes == prefixes and np.array_equal(prev.cols, cols):
+                        runs.append(prev)  # (its lines stay good)
+                    else:
+                        runs.append(_Run(part[0].table, cols, prefixes))
+                    start = i
+            families.append((metric, runs))
+        self._plan = (version, families)
+        return families
+
+    def render(self) -> bytes:
+        with self._lock:
+            return self._render()
+
+    def _render(self) -> bytes:
+        import numpy as np
+
+        vectors = self.store.latest_vectors()
+        out: list[str] = []
+        for metric, runs in self._families():
+            lines: list[str] = []
+            for run in runs:
+                vec = vectors.get(run.table)
+                if vec is None or (len(run.cols) and int(run.cols.max()) >= len(vec[0])):
+                    continue  # (a table emptied since the plan was made: nothing of it is live)
+                live = vec[0][run.cols]
+                if not live.any():
                     continue
-                # Keyed by id(): hashing the nested label tuples on every scrape is the main cost otherwise;
-                # the identity check guards against a recycled id.
-                entry = prefix.get(id(ref))
-                if entry is None or entry[0] is not ref:
-                    entry = prefix[id(ref)] = (ref, _series_prefix(metric, ref.labels))
-                v = vals[col]
-                lines.append(entry[1] + (repr(v) if v == v and v not in (math.inf, -math.inf) else format_value(v)))
+                vals = vec[1][run.cols]
+                bits = vals.view(np.uint64)
+                have = run.lines
+                changed = None if have is None or run.shown is None else np.flatnonzero(bits != run.shown)
+                # (repr() is the spelling of finite values; format_value() that of NaN and ±Inf)
+                fmt = repr if np.isfinite(vals).all() else _value
+                if have is None or changed is None or 2 * len(changed) > len(bits):
+                    have = run.lines = [p + fmt(v) for p, v in zip(run.prefixes, vals.tolist(), strict=True)]
+                elif len(changed):
+                    prefixes = run.prefixes
+                    for i, v in zip(changed.tolist(), vals[changed].tolist(), strict=True):
+                        have[i] = prefixes[i] + fmt(v)
+                run.shown = bits
+                lines += have if live.all() else [have[i] for i in np.flatnonzero(live).tolist()]
             if lines:
                 out.append(self._head(M.spec_of(metric)))
                 out.append("\n".join(lines))
@@ -136,3 +189,7 @@ class Exposition:
             direct.setdefault(d.spec.name, []).append((sorted(d.labels.items()), d.value))
         out += [format_family(specs[name], rows) for name, rows in direct.items()]
         return "".join(out).encode()
+
+
+def _value(v: float) -> str:
+    return repr(v) if v == v and v not in (math.inf, -math.inf) else format_value(v)

@@ -37,7 +37,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import cramjam
 import numpy as np
 
 from .. import __version__
@@ -46,7 +45,6 @@ from ..config import RemoteWriteConfig, redact_url
 from ..store import Store
 from ..supervise import LoopStatus, start_supervised
 from .exposition import DirectSample
-from .prompb import remote_pb2 as pb
 
 if TYPE_CHECKING:
     import httpx
@@ -62,8 +60,17 @@ METADATA_INTERVAL_SECONDS = 60.0  # like Prometheus' metadata_config.send_interv
 # rows, 6-10 against 16-26 ms for 100 × 100, and about the same for 10000 × 1 (34-41 against 38-41 ms, one run
 # at 66 ms), protobuf 6.33 (upb), three runs on a loaded 2-core machine:
 # `nice .venv/bin/python bench/remote_write_bench.py SERIES ROWS`.
+def _pb():
+    """The generated prompb classes, imported on first use: with protobuf and cramjam about 2 MB of RSS that an
+    agent without remote_write never needs."""
+    from .prompb import remote_pb2
+
+    return remote_pb2
+
+
 def metric_type(spec: M.MetricSpec) -> int:
     """MetricMetadata.MetricType of a metric (UNKNOWN for a type prompb does not name)."""
+    pb = _pb()
     v = pb.MetricMetadata.MetricType.DESCRIPTOR.values_by_name.get(spec.type.upper())
     return pb.MetricMetadata.UNKNOWN if v is None else v.number
 
@@ -71,13 +78,14 @@ def metric_type(spec: M.MetricSpec) -> int:
 def encode_labels(labels: Iterable[tuple[str, str]]) -> bytes:
     """A TimeSeries holding only ``labels`` (already sorted by name), serialized: cached per series and merged
     into each request's TimeSeries (twice as fast as copying cached Label messages for one-sample series)."""
+    pb = _pb()
     return pb.TimeSeries(labels=[pb.Label(name=k, value=v) for k, v in labels]).SerializeToString()
 
 
 def write_request(series: Iterable[tuple[bytes, list[tuple[float, int]]]],
                   metadata: Iterable[M.MetricSpec] = ()) -> bytes:
     """A serialized WriteRequest from (:func:`encode_labels`, [(value, timestamp_ms), ...]) pairs."""
-    req = pb.WriteRequest()
+    req = _pb().WriteRequest()
     for labels, samples in series:
         ts = req.timeseries.add()
         ts.MergeFromString(labels)
@@ -91,6 +99,8 @@ def write_request(series: Iterable[tuple[bytes, list[tuple[float, int]]]],
 
 def snappy_block(data: bytes) -> bytes:
     """Snappy block format (the spec requires it, not the framed format)."""
+    import cramjam  # on first use, like _pb()
+
     return bytes(cramjam.snappy.compress_raw(data))
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from .mux import ConnId, Mux
 from .proto import nri_pb2 as api
+from .trace import HookTrace, HookTracer
 from .ttrpc import Client, Method, Server
 
 log = logging.getLogger(__name__)
@@ -27,7 +28,9 @@ PLUGIN_SERVICE = f"{API_PACKAGE}.Plugin"
 
 class Connection:
     def __init__(self, path: Path, methods: dict[str, Method], executor: Executor, budget_seconds: float,
-                 observe: Callable[[str, str, float], None] | None = None, connect_timeout: float = 5.0):
+                 observe: Callable[[str, str, float], None] | None = None, connect_timeout: float = 5.0,
+                 tracer: HookTracer | None = None, on_trace: Callable[[HookTrace], None] | None = None,
+                 on_closed: Callable[[], None] | None = None):
         self.path = Path(path)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.settimeout(connect_timeout)
@@ -38,11 +41,12 @@ class Connection:
             raise
         sock.settimeout(None)
         self.closed = threading.Event()
+        self.on_closed = on_closed or (lambda: None)  # after ``closed`` is set: a waiter needs no polling
         self.close_reason: Exception | None = None
         self.client = Client(lambda data: self.mux.send(ConnId.RUNTIME_SERVICE, data))
         served = {f"{PLUGIN_SERVICE}/{name}": m for name, m in methods.items()}
         self.server = Server(lambda data: self.mux.send(ConnId.PLUGIN_SERVICE, data), served, executor,
-                             budget_seconds, observe)
+                             budget_seconds, observe, tracer=tracer, on_trace=on_trace)
         self.mux = Mux(sock, {ConnId.PLUGIN_SERVICE: self.server.receive, ConnId.RUNTIME_SERVICE: self.client.receive},
                        self._on_close)
         self._reader = threading.Thread(target=self.mux.run, name="nri-mux", daemon=True)
@@ -53,6 +57,7 @@ class Connection:
         self.client.close(err)
         self.server.close()
         self.closed.set()
+        self.on_closed()
 
     def register(self, name: str, index: str, timeout_seconds: float) -> None:
         req = api.RegisterPluginRequest(plugin_name=name, plugin_idx=index)

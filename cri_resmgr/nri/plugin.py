@@ -244,11 +244,13 @@ class Plugin:
             pod_id=pod.id, name=ctr.name, namespace=pod.namespace, pod_name=pod.name, pod_uid=pod.uid,
             cgroup_parent=pod.linux.cgroup_parent, pod_annotations=dict(pod.annotations),
             annotations=dict(ctr.annotations), resources=convert.resources_of(ctr.linux.resources))
+        call.mark("decode")
         try:
-            res = self.engine.place(creq)
+            res = self.engine.place(creq, defer=call.after)  # its log line once the answer is sent
         except InsufficientCpus as e:
             raise RpcError(Code.RESOURCE_EXHAUSTED,
                            f"cri-resmgr: container {pod.namespace}/{pod.name}/{ctr.name}: {e}") from e
+        call.mark("place")
         if not call.commit():
             self.engine.abort(res)
             return EMPTY
@@ -258,6 +260,7 @@ class Plugin:
         ctr.linux.resources.cpu.cpus, ctr.linux.resources.cpu.mems = res.cpus, res.mems
         self.view.container(ctr, State.CREATED, pod)
         self.engine.commit(res, ctr.id, convert.blob_of(ctr.linux.resources))
+        call.mark("commit")
         if res.kind == Kind.EXCLUSIVE:
             # The shared containers leave the new container's CPUs in the same step (before it can start).
             resp.update.extend(self._pool_updates(exclude=ctr.id))

@@ -35,6 +35,7 @@ from ..topology import discover
 from .connection import Connection
 from .plugin import NriPort, Plugin, RuntimeView
 from .stats import NriStats
+from .trace import GcPauses, HookTracer
 from .ttrpc import RpcError
 
 log = logging.getLogger("cri_resmgr.nri")
@@ -68,7 +69,9 @@ class NriProcess:
         self.run_dir = Path(cfg.run_dir)
         self.state_dir = Path(cfg.state_dir)
         self.control_path = Path(self.nc.control_socket or self.run_dir / CONTROL_NAME)
-        self.stats = NriStats()
+        self.gc_pauses = GcPauses()
+        self.tracer = HookTracer(Path(cfg.paths.proc), self.gc_pauses)
+        self.stats = NriStats(self.gc_pauses)
         self.view = RuntimeView()
         self.conn: Connection | None = None
         self.port = NriPort(self.view, lambda: self.conn)
@@ -78,6 +81,7 @@ class NriProcess:
         self.control_server: Any = None
         self.lock_fd: int | None = None
         self.stop = threading.Event()
+        self._woken = threading.Event()  # a stop or the connection's close: the main thread never polls
 
     def observe(self, event: str, result: str, seconds: float) -> None:
         self.stats.record(event, result, seconds)  # ttrpc logs each at debug level (bench/nri_bench.py reads them)
@@ -141,6 +145,7 @@ class NriProcess:
         target = NriControl(self.engine, self.port, self._decorate)
         self.control_server = control.serve(target, self.control_path, self.metrics_text)
         gc.freeze()  # objects from start-up never need collecting: keeps GC pauses out of the hooks
+        self.gc_pauses.install()
         log.info("NRI plugin %s-%s started (control %s); runtime socket %s", self.nc.plugin_index,
                  self.nc.plugin_name, self.control_path, self.nc.socket)
         backoff = FIRST_BACKOFF_SECONDS
@@ -148,7 +153,8 @@ class NriProcess:
         while not self.stop.is_set():
             try:
                 conn = Connection(self.nc.socket, self.plugin.methods(), self.executor,
-                                  self.nc.request_timeout_seconds, self.observe)
+                                  self.nc.request_timeout_seconds, self.observe, tracer=self.tracer,
+                                  on_trace=self.stats.record_trace, on_closed=self._woken.set)
             except OSError as e:
                 if not warned:
                     log.warning("cannot connect to %s (%s); retrying with back-off up to %gs", self.nc.socket,
@@ -171,8 +177,10 @@ class NriProcess:
             log.info("registered with the runtime at %s as %s-%s", self.nc.socket, self.nc.plugin_index,
                      self.nc.plugin_name)
             since = time.monotonic()
-            while not self.stop.is_set() and not conn.closed.wait(0.5):
-                pass
+            while not self.stop.is_set() and not conn.closed.is_set():
+                # No timeout: a thread waking while a hook runs takes the interpreter from it (issue 15).
+                self._woken.wait()
+                self._woken.clear()
             self.stats.connected = self.engine.runtime_up = False
             self.view.synced = False  # until the next Synchronize: reconcile waits instead of trusting a stale view
             self.plugin.synchronized.clear()
@@ -187,8 +195,13 @@ class NriProcess:
                         backoff)
             self.stop.wait(backoff)
 
+    def request_stop(self) -> None:
+        self.stop.set()
+        self._woken.set()
+
     def shutdown(self) -> None:
         self.stop.set()
+        self.gc_pauses.uninstall()
         if self.conn is not None:
             self.conn.close()
         if self.control_server is not None:
@@ -210,7 +223,7 @@ def run(cfg: Config, reload_config: Callable[[], Config] | None = None) -> int:
     proc = NriProcess(cfg, reload_config)
 
     def on_term(_sig: int, _frm: FrameType | None) -> None:
-        proc.stop.set()
+        proc.request_stop()
 
     def on_hup(_sig: int, _frm: FrameType | None) -> None:
         threading.Thread(target=proc.reload, name="nri-reload", daemon=True).start()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import heapq
 import logging
+import math
 import struct
 import threading
 import time
@@ -23,6 +24,7 @@ from enum import IntEnum
 from google.protobuf.message import DecodeError
 
 from .proto import ttrpc_pb2
+from .trace import HookTrace, HookTracer, TraceStart, phase_durations
 
 log = logging.getLogger(__name__)
 
@@ -202,6 +204,11 @@ class Call:
         self._lock = threading.Lock()
         self._owner = ""  # "", "handler" or "timeout"
         self._after: list[Callable[[], None]] = []
+        self.marks: list[tuple[str, float]] = []  # (phase, time.monotonic() it ended): a slow hook's log line
+
+    def mark(self, phase: str) -> None:
+        """``phase`` of the handler ends now (see :mod:`.trace`)."""
+        self.marks.append((phase, time.monotonic()))
 
     def after(self, fn: Callable[[], None]) -> None:
         """Run ``fn`` once the answer is sent (or the handler is done, when the watchdog answered): work the caller
@@ -253,16 +260,24 @@ class _Watchdog:
     """One thread for all calls of a server: at a call's deadline, unless its handler has committed, the
     fail-open answer goes out (``on_expire``). Handlers run on the executor, never on this thread.
 
-    Kept off the hook path: a new call wakes the thread only when its deadline is the earliest (calls share one
-    budget, so almost never), and each wake-up drops every committed call at the head of the queue at once."""
+    Kept off the hook path: a new call wakes the thread only when its deadline comes before the thread's next
+    wake-up anyway, and each wake-up drops every committed call at the head of the queue at once. With nothing to
+    watch, the thread still wakes every ``period`` (no longer than any call's budget) for ``linger`` seconds
+    after the last call, so that the next call's deadline is already covered and needs no wake-up: a thread woken
+    during a hook takes the interpreter from it (issue 15). After that it sleeps until a call comes."""
 
-    def __init__(self, on_expire: Callable[[Call, int, float], None]):
+    def __init__(self, on_expire: Callable[[Call, int, float], None], period: float, linger: float = 10.0):
         self.on_expire = on_expire
+        self.period = period
+        self.linger = linger
         self._cond = threading.Condition()
         self._heap: list[tuple[float, int, int, Call, float]] = []  # deadline, seq (ties), stream, call, start
         self._seq = 0
         self._closed = False
         self._thread: threading.Thread | None = None
+        self._wake_at = -math.inf  # the thread's next wake-up while it sleeps (inf: when notified only)
+        self._last_watch = -math.inf
+        self.notified = 0  # wake-ups a new call caused (tests)
 
     def watch(self, call: Call, sid: int, t0: float) -> None:
         with self._cond:
@@ -270,9 +285,10 @@ class _Watchdog:
                 self._thread = threading.Thread(target=self._run, name="ttrpc-watchdog", daemon=True)
                 self._thread.start()
             self._seq += 1
-            entry = (call.deadline, self._seq, sid, call, t0)
-            heapq.heappush(self._heap, entry)
-            if self._heap[0] is entry:  # the thread sleeps until a later deadline (or forever): wake it
+            heapq.heappush(self._heap, (call.deadline, self._seq, sid, call, t0))
+            self._last_watch = t0
+            if call.deadline < self._wake_at:  # the thread sleeps past this deadline: wake it
+                self.notified += 1
                 self._cond.notify()
 
     def close(self) -> None:
@@ -286,9 +302,16 @@ class _Watchdog:
                 while True:
                     while self._heap and self._heap[0][3].committed:  # answered: nothing to watch
                         heapq.heappop(self._heap)
-                    if self._closed or (self._heap and self._heap[0][0] <= time.monotonic()):
+                    now = time.monotonic()
+                    if self._closed or (self._heap and self._heap[0][0] <= now):
                         break
-                    self._cond.wait(self._heap[0][0] - time.monotonic() if self._heap else None)
+                    if self._heap:
+                        timeout: float | None = self._heap[0][0] - now
+                    else:
+                        timeout = self.period if now - self._last_watch < self.linger else None
+                    self._wake_at = math.inf if timeout is None else now + timeout
+                    self._cond.wait(timeout)
+                    self._wake_at = -math.inf  # awake: it looks at the queue before it sleeps again
                 if self._closed:
                     return
                 _, _, sid, call, t0 = heapq.heappop(self._heap)
@@ -304,20 +327,24 @@ class Server:
     with the fail-open answer too.
 
     ``observe(method, result, seconds)`` is called once per request: result is ``ok``, ``error``,
-    ``timeout`` or ``unimplemented``."""
+    ``timeout`` or ``unimplemented``. With a ``tracer``, ``on_trace`` gets where each answered request's time
+    went (:class:`~.trace.HookTrace`), once the answer is sent."""
 
     def __init__(self, send: Callable[[bytes], None], methods: dict[str, Method], executor: Executor,
                  budget_seconds: float, observe: Callable[[str, str, float], None] | None = None,
-                 margin: float = 0.75):
+                 margin: float = 0.75, tracer: HookTracer | None = None,
+                 on_trace: Callable[[HookTrace], None] | None = None):
         self._send = send
         self.methods = methods
         self.executor = executor
         self.budget_seconds = budget_seconds
         self.margin = margin
         self.observe = observe or (lambda m, r, s: None)
+        self.tracer = tracer
+        self.on_trace = on_trace or (lambda t: None)
         self._decoder = MessageDecoder()
         self._fail_open: dict[int, bytes] = {}  # id(call) -> the answer the watchdog sends
-        self._watchdog = _Watchdog(self._expired)
+        self._watchdog = _Watchdog(self._expired, period=budget_seconds)
 
     def close(self) -> None:
         self._watchdog.close()
@@ -327,6 +354,7 @@ class Server:
             if m.type != MessageType.REQUEST:
                 raise ProtocolError(f"server got a {m.type.name} message on stream {m.stream_id}")
             t0 = time.monotonic()
+            start = self.tracer.begin() if self.tracer is not None else None
             try:
                 req = ttrpc_pb2.Request.FromString(m.payload)
             except DecodeError as e:
@@ -342,11 +370,12 @@ class Server:
             if req.timeout_nano > 0:
                 budget = min(budget, req.timeout_nano / 1e9 * self.margin)
             call = Call(req.method, t0 + budget)
+            call.mark("ttrpc")
             if method.fail_open is not None:
                 self._fail_open[id(call)] = method.fail_open
                 self._watchdog.watch(call, m.stream_id, t0)
             if method.inline:
-                self._serve(m.stream_id, method, req.payload, call, t0)
+                self._serve(m.stream_id, method, req.payload, call, t0, start)
             else:
                 self.executor.submit(self._serve, m.stream_id, method, req.payload, call, t0)
 
@@ -357,9 +386,16 @@ class Server:
         self._reply(sid, encode_response(self._fail_open.pop(id(call), b"")))
         log.debug("request %s %s %.6fs", call.event, "timeout", seconds)
 
-    def _serve(self, sid: int, method: Method, payload: bytes, call: Call, t0: float) -> None:
+    def _serve(self, sid: int, method: Method, payload: bytes, call: Call, t0: float,
+               start: TraceStart | None = None) -> None:
+        if self.tracer is not None and start is None:  # on an executor thread: its own clocks from here
+            call.mark("queued")
+            start = self.tracer.begin()
         try:
-            out, result = encode_response(method.handler(payload, call)), "ok"
+            answer = method.handler(payload, call)
+            call.mark("handler")
+            out, result = encode_response(answer), "ok"
+            call.mark("encode")
         except RpcError as e:  # a deliberate refusal (e.g. no CPUs left): answered as such
             out, result = encode_response(code=e.code, message=e.message), "error"
         except Exception as e:  # a failing handler: fail open where the method can, else an error status
@@ -374,10 +410,14 @@ class Server:
             call.run_after()
             return  # the watchdog answered at the deadline
         self._fail_open.pop(id(call), None)
-        seconds = time.monotonic() - t0
+        trace = None if start is None or self.tracer is None else \
+            self.tracer.end(start, call.event, result, t0, time.monotonic(), phase_durations(t0, call.marks))
+        seconds = time.monotonic() - t0  # the tracer's own cost included
         self.observe(call.event, result, seconds)  # recorded before the peer can see the answer
         self._reply(sid, out)
         log.debug("request %s %s %.6fs", call.event, result, seconds)  # after the answer (bench/nri_bench.py)
+        if trace is not None:
+            self.on_trace(trace)
         call.run_after()
 
     def _reply(self, sid: int, payload: bytes) -> None:

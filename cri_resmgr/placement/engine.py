@@ -54,6 +54,7 @@ log = logging.getLogger(__name__)
 MOVES_FILE = "relay-moves.jsonl"
 POOL_UPDATE_WORKERS = 8  # concurrent pool updates: a runtime call that hangs holds one, not the others
 PERSIST_COALESCE_SECONDS = 0.2
+LAZY_SAVE_SECONDS = 1.0  # a change the runtime can tell again is saved this long after it (with the ones after it)
 
 # Counters (metric names defined in cri_resmgr/metrics.py)
 INVARIANT_VIOLATIONS = M.RELAY_INVARIANT_VIOLATIONS.name
@@ -190,8 +191,9 @@ class Engine:
         self._ctl_done = 0
         self._ctl_released: set[str] = set()  # ids whose controllers.stopped ran
         self._pool_wake = threading.Event()
-        self._dirty = threading.Event()  # a change to save now (wakes the persist thread)
+        self._dirty = threading.Event()  # a change to save now
         self._lazy_dirty = False  # a change the runtime can tell again: saved at the persist thread's next tick
+        self._persist_wake = threading.Event()  # either of those: an idle persist thread sleeps until then
         self._deferring = threading.local()  # .wakes: wake-ups a front end runs once its answer is sent
         # wake-ups the engine's threads got, by cause (pool: apply_pool runs; persist: saves on demand, persist_tick:
         # lazy saves; controllers: controller calls queued), for tests and benchmarks
@@ -237,12 +239,19 @@ class Engine:
 
     def _save_soon(self) -> None:
         """A change worth saving at once (exclusive CPUs taken, a resize, a move, a repair)."""
-        self._wake("persist", self._dirty.set)
+        self._wake("persist", self._save_now)
+
+    def _save_now(self) -> None:
+        self._dirty.set()
+        self._persist_wake.set()
 
     def _note_changed(self) -> None:
         """A change the runtime can tell the engine again after a restart (pods, container states, released
-        CPUs, the pool's cpusets): saved at the persist thread's next tick (<= 1 s), no wake-up."""
-        self._lazy_dirty = True
+        CPUs, the pool's cpusets): saved at the persist thread's next tick, LAZY_SAVE_SECONDS after the first
+        such change. Only that first change wakes the thread (an idle engine's persist thread never wakes)."""
+        if not self._lazy_dirty:
+            self._lazy_dirty = True
+            self._wake("persist_tick", self._persist_wake.set)
 
     @contextmanager
     def deferring(self) -> Iterator[Callable[[], None]]:
@@ -300,10 +309,12 @@ class Engine:
         return self.alloc.shared_placement(taken.all), Kind.SHARED
 
     # -- create -------------------------------------------------------------------------------------
-    def place(self, req: ContainerRequest, refresh_exits: bool = True) -> Reservation:
+    def place(self, req: ContainerRequest, refresh_exits: bool = True,
+              defer: Callable[[Callable[[], None]], None] | None = None) -> Reservation:
         """Choose CPUs for a container about to be created and reserve them. Raises InsufficientCpus (with
         ``refresh_exits`` only after asking the runtime whether exclusive holders have exited meanwhile;
-        without it, the caller never waits on the runtime)."""
+        without it, the caller never waits on the runtime). ``defer`` when given runs the log line once the
+        front end has sent the request on (a log record costs ~0.2 ms when the interpreter's caches are cold)."""
         with self._lock:
             pod = self.cache.pods.get(req.pod_id)
             parent = req.cgroup_parent or (pod.cgroup_parent if pod else "")
@@ -331,8 +342,12 @@ class Engine:
             c.placement, c.cpus, c.mems, c.reason = kind, p.cpus_text, p.mems_text, p.reason
             r = Reservation(next(self._tokens), kind, c.cpus, c.mems, p.reason, c)
             self._pending[r.token] = r
-        log.info("place %s/%s/%s (%s, %dm): %s cpus %s mems %s (%s)", c.namespace, c.pod_name, c.name,
-                 c.qos_class or "no QoS", c.cpu_request_milli, kind, c.cpus, c.mems, p.reason)
+        args = (c.namespace, c.pod_name, c.name, c.qos_class or "no QoS", c.cpu_request_milli, kind, c.cpus, c.mems,
+                p.reason)
+        if defer is None:
+            log.info("place %s/%s/%s (%s, %dm): %s cpus %s mems %s (%s)", *args)
+        else:
+            defer(lambda: log.info("place %s/%s/%s (%s, %dm): %s cpus %s mems %s (%s)", *args))
         return r
 
     def _refresh_exits(self, timeout: float = 1.0) -> bool:
@@ -361,12 +376,18 @@ class Engine:
         return bool(released)
 
     def commit(self, r: Reservation, container_id: str = "", resources_blob: str = "",
-               defer: Callable[[Callable[[], None]], None] | None = None) -> None:
+               defer: Callable[[Callable[[], None]], None] | None = None,
+               later: Callable[[Callable[[], None]], None] | None = None) -> None:
         """The runtime did what the reservation says (created the container, or applied the resize).
 
         The books change at once. Waking the engine's threads (save, pool worker, controllers) goes through
         ``defer`` when given: the relay runs it once the runtime's answer is on its way to kubelet, since those
-        threads would otherwise take the interpreter from the event loop while it forwards that answer."""
+        threads would otherwise take the interpreter from the event loop while it forwards that answer. Waking
+        the pool worker and the persist thread goes (then) through ``later`` when given: the relay wakes them a
+        few ms later, so that the shared containers' updates (a runtime process each) and the save (~1 ms of
+        JSON, two fsyncs) do not compete with kubelet for the CPUs while it takes the answer, and a burst of
+        creates shares one round of them. A start that needs the pool does not wait for that: it wakes the
+        worker at once (``_wait``)."""
         created: ContainerContext | None = None
         with self._lock:
             if self._pending.pop(r.token, None) is None:
@@ -392,17 +413,24 @@ class Engine:
                     pool_changed = self._desired(c, self._pool()) != c.cpu_set
             self._changed.notify_all()
         if defer is None:
-            self._committed(created, pool_changed)
+            self._committed(created, pool_changed, later)
         else:
-            defer(lambda: self._committed(created, pool_changed))
+            defer(lambda: self._committed(created, pool_changed, later))
 
-    def _committed(self, created: ContainerContext | None, pool_changed: bool = True) -> None:
+    def _committed(self, created: ContainerContext | None, pool_changed: bool = True,
+                   later: Callable[[Callable[[], None]], None] | None = None) -> None:
         if pool_changed:
-            self._save_soon()
             # The shared containers leave newly taken exclusive CPUs (not at place(): moving them during the
             # create slowed the runtime's create, and a failed create moved them for nothing; the start waits
             # for them), and a shared create that raced an exclusive one gets the new pool.
-            self._wake_pool()
+            def wake() -> None:
+                self._save_soon()
+                self._wake_pool()
+
+            if later is None:
+                wake()
+            else:
+                later(wake)
         else:
             self._note_changed()  # a shared create: Synchronize or a reconcile finds it again after a crash
         if created is not None:
@@ -737,8 +765,7 @@ class Engine:
 
     def _pool_loop(self) -> None:
         while not self._stop.is_set():
-            if not self._pool_wake.wait(1.0):
-                continue
+            self._pool_wake.wait()  # no timeout: woken with work (or to stop), never idly (see _persist_loop)
             self._pool_wake.clear()
             if self._stop.is_set():
                 return
@@ -1035,19 +1062,21 @@ class Engine:
 
     def _persist_loop(self) -> None:
         while not self._stop.is_set():
-            woken = self._dirty.wait(1.0)
-            if not woken and not self._lazy_dirty:
-                continue
+            # No timeout: every wake-up of an engine thread may land in a front end's hook and take the interpreter
+            # from it (issue 15), so an engine with nothing to save sleeps until there is something.
+            self._persist_wake.wait()
+            self._persist_wake.clear()
+            if self._stop.is_set():
+                return
+            if not self._dirty.is_set():
+                self._dirty.wait(LAZY_SAVE_SECONDS)  # a lazy change: saved at the tick, or with a save-now
             self._dirty.clear()
             self._lazy_dirty = False  # before saving: a change made during the save is saved next time
             if self._stop.is_set():
                 return
-            if not woken:
-                with self._lock:
-                    self._wakeups["persist_tick"] += 1
             if not self.persist():
                 self._stop.wait(1.0)  # retry: the disk may have room again
-                self._dirty.set()
+                self._save_now()
             # Coalesce: the first change after a quiet spell is saved at once, then at most one save (two
             # fsyncs, which compete with the runtime's own) per PERSIST_COALESCE_SECONDS while events keep
             # coming. What a crash loses meanwhile the next reconcile finds in the runtime: exclusive cpusets
@@ -1117,7 +1146,8 @@ class Engine:
         while not self._stop.is_set():
             with self._ctl_cond:
                 if not self._ctl_queue:
-                    self._ctl_cond.wait(0.5)
+                    if not self._stop.is_set():  # stop() notifies under this lock: checked here, never missed
+                        self._ctl_cond.wait()  # no timeout (see _persist_loop)
                     continue
                 call = self._ctl_queue.popleft()
             try:
@@ -1174,7 +1204,7 @@ class Engine:
         self._stop.set()
         self._pool_wake.set()
         self._reconcile_now.set()
-        self._dirty.set()
+        self._save_now()
         with self._ctl_cond:
             self._ctl_cond.notify_all()
         for sup in self._threads.values():
@@ -1241,6 +1271,13 @@ class Engine:
         with self._lock:
             p = self.cache.pods.get(pod_id)
             return dataclasses.replace(p) if p is not None else None
+
+    def pod_identity(self, pod_id: str) -> tuple[str, str, str, str] | None:
+        """(namespace, name, uid, cgroup parent) of a pod the books know: a front end's create need not read
+        them from the request again (cheaper than :meth:`pod`, which copies the record)."""
+        with self._lock:
+            p = self.cache.pods.get(pod_id)
+            return (p.namespace, p.name, p.uid, p.cgroup_parent) if p is not None else None
 
     def counts(self) -> tuple[int, int]:
         with self._lock:

@@ -35,11 +35,13 @@ from ..topology import Topology
 from .explain import Explanation, move_why
 from .planner import Plan, Planner
 from .problem import NodeModel, Problem
-from .signals import CpusetSource, MetadataSource, read_inputs
+from .signals import CpusetSource, Inputs, MetadataSource, read_inputs
 
 log = logging.getLogger(__name__)
 
 TABLE = "rebalancer"
+RoundGate = Callable[[Inputs, RebalancerConfig, float, str], "str | None"]
+"""(inputs, config, now, mode) -> a reason to skip the round's planning, or None to plan (service.py)."""
 RESULTS = ("applied", "failed", "advised")
 
 
@@ -159,7 +161,11 @@ class Rebalancer:
             node = dataclasses.replace(node, high_priority=np.array([int(c) in hp for c in node.cpu_ids]))
         return node
 
-    def run_once(self, now: float | None = None, mode: str | None = None) -> RoundRecord:
+    def run_once(self, now: float | None = None, mode: str | None = None,
+                 gate: RoundGate | None = None) -> RoundRecord | None:
+        """One round. ``gate`` (the service's change check) is shown the round's inputs before planning; when
+        it answers a reason, the round stops there: nothing is planned, recorded or written, and None is
+        returned. Without a gate every round is recorded."""
         with self._lock:
             cfg = self.config()
             if self.history.maxlen != cfg.history_size:
@@ -167,15 +173,17 @@ class Rebalancer:
             now = time.time() if now is None else now
             mode = mode or cfg.mode
             try:
-                rec = self._round(cfg, now, mode)
+                rec = self._round(cfg, now, mode, gate)
             except Exception as e:  # a failing round is recorded, the agent goes on
                 log.exception("rebalancer round failed")
                 rec = RoundRecord(time=now, mode=mode, plan=None, outcomes=[], error=f"{type(e).__name__}: {e}")
+            if rec is None:
+                return None
             self.history.append(rec)
             self._write_metrics(rec, now, cfg)
             return rec
 
-    def _round(self, cfg: RebalancerConfig, now: float, mode: str) -> RoundRecord:
+    def _round(self, cfg: RebalancerConfig, now: float, mode: str, gate: RoundGate | None = None) -> RoundRecord | None:
         t0 = time.perf_counter()
         md = self.metadata.metadata() if self.metadata is not None else None
         # Metadata (None: no relay reachable) comes from the relay's cache; when the relay also applies the
@@ -186,6 +194,8 @@ class Rebalancer:
         if not inputs.containers:
             plan = None
             return RoundRecord(time=now, mode=mode, plan=plan, outcomes=[], error="no containers in the store yet")
+        if gate is not None and gate(inputs, cfg, now, mode) is not None:
+            return None
         node = self.node_model(cfg, inputs.high_priority_cpus)
         prob = Problem.build(node, inputs.containers, cfg, now=now)
         plan = Planner(cfg).plan(prob, missing_signals=inputs.missing)

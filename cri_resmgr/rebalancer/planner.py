@@ -56,6 +56,9 @@ PAIR_FIRST_SMALL = 6  # ... and on small problems
 REPLACE_TRIALS = 4  # large problems: weakest moves tried as replacements once the budget is spent
 MULTI_START = 3  # small problems: first moves the search starts again from
 PAIR_WORK = 150000  # movable² × candidates (the work of one pair search) up to which a problem is small
+SMALL_ROWS = CHUNK  # ... and movable rows up to which it is (a second move's scan is one evaluation; above, a pair
+# search is ~rows × destinations scans of rows / CHUNK evaluations each, and 200 containers with 3 candidates
+# (a 2-CPU node) took 6 s a round)
 LAZY_WORK = 40000  # movable × candidates above which rows are scanned lazily (see _Search.hint)
 BEAM_MAX = 4  # widest beam of move sequences
 BEAM_WORK = 4000  # (movable containers × candidates) below which the beam widens
@@ -529,7 +532,7 @@ class Planner:
         """Small: a pair search over every row is cheap (each first move is followed by a scan of
         every row over every candidate), so pairs are looked for at every step, from several starts."""
         k = int(prob.movable.sum())
-        return k * k * prob.cands.n <= PAIR_WORK
+        return k <= SMALL_ROWS and k * k * prob.cands.n <= PAIR_WORK
 
     def _best_pair(self, s: _Search, ks: np.ndarray, limit: int, seen: dict[int, float],
                    replacements: bool = False, floor: float | None = None) -> tuple[_Step, _Step] | None:

@@ -28,6 +28,7 @@ from typing import ClassVar, Protocol
 import numpy as np
 
 from ..config import RebalancerConfig
+from .bandwidth_curve import HINGE, QUEUEING, ConvexPwl
 from .problem import AVX, BW, DEMAND, LC, OCC, SENS, Problem, State
 
 Expr = tuple[np.ndarray, np.ndarray]  # (rows × MILP variables, constant per row): ``M x + c``
@@ -41,6 +42,8 @@ class Encoder(Protocol):
     def field(self, attr: int) -> Expr: ...
 
     def add_excess(self, expr: Expr, cap: np.ndarray, weight: np.ndarray | float) -> None: ...
+
+    def add_convex(self, expr: Expr, cap: np.ndarray, curve: ConvexPwl, weight: float) -> None: ...
 
     def add_linear_field(self, attr: int, field_: np.ndarray) -> None: ...
 
@@ -335,25 +338,28 @@ class Avx512Package(_Bilinear):
 
 # -- per-domain convex terms -------------------------------------------------------------------------
 def _domain_convex_delta(load: np.ndarray, cap: np.ndarray, v: np.ndarray, share_r: np.ndarray,
-                         unique: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
-    """Δ Σ_D max(0, load_D − cap_D)/cap_D when a container with value ``v`` moves from ``share_r``
-    (rows × domains) to each candidate, whose shares are given as (distinct rows, index per candidate)."""
+                         unique: tuple[np.ndarray, np.ndarray], curve: ConvexPwl) -> np.ndarray:
+    """Δ Σ_D curve(load_D / cap_D) when a container with value ``v`` moves from ``share_r`` (rows ×
+    domains) to each candidate, whose shares are given as (distinct rows, index per candidate)."""
     u, inv = unique
     base = load[None, :] - share_r * v[:, None]
-    f_base = np.maximum(0.0, base - cap) / cap
-    removal = f_base.sum(axis=1) - (np.maximum(0.0, load - cap) / cap).sum()
-    add = (np.maximum(0.0, base[:, None, :] + v[:, None, None] * u[None, :, :] - cap) / cap
-           - f_base[:, None, :]).sum(axis=2)
+    f_base = curve(base / cap)
+    removal = f_base.sum(axis=1) - curve(load / cap).sum()
+    add = (curve((base[:, None, :] + v[:, None, None] * u[None, :, :]) / cap) - f_base[:, None, :]).sum(axis=2)
     return removal[:, None] + add[:, inv]
 
 
-def _domain_removal(load, cap, v, share_r) -> np.ndarray:
+def _domain_removal(load, cap, v, share_r, curve: ConvexPwl) -> np.ndarray:
     base = load[None, :] - share_r * v[:, None]
-    return (np.maximum(0.0, base - cap) / cap).sum(axis=1) - (np.maximum(0.0, load - cap) / cap).sum()
+    return curve(base / cap).sum(axis=1) - curve(load / cap).sum()
 
 
 class _DomainExcess(CostTerm):
+    """Σ_domain curve(load / capacity) for a convex, non-decreasing piecewise-linear ``curve`` with
+    ``curve(0) = 0`` (:class:`~.bandwidth_curve.ConvexPwl`): the hinge ``max(0, x − 1)`` by default."""
+
     attr: ClassVar[int]
+    curve: ClassVar[ConvexPwl] = HINGE
 
     def domains(self, prob) -> list[tuple[np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray]]]:
         """(onehot positions × domains, capacity per domain, (distinct candidate share rows, index per
@@ -367,13 +373,13 @@ class _DomainExcess(CostTerm):
         return 1.0
 
     def inflicted(self, prob, S, rows):
-        # A domain's excess split over pairs by their shares of its load, as for oversubscription.
+        # A domain's cost split over pairs by their shares of its load, as for oversubscription.
         m = np.zeros((len(rows), len(S)))
         v = prob.X[:, self.attr]
         for onehot, cap, _ in self.domains(prob):
             own = (S @ onehot) * v[:, None]
             load = own.sum(axis=0)
-            excess = np.maximum(0.0, load - cap) / cap
+            excess = self.curve(load / cap)
             hot = np.flatnonzero(excess > 0)
             if len(hot):
                 frac = own[:, hot] / load[hot]
@@ -385,7 +391,7 @@ class _DomainExcess(CostTerm):
         tot = 0.0
         for onehot, cap, _ in self.domains(prob):
             load = st.F[:, self.attr] @ onehot
-            tot += float((np.maximum(0.0, load - cap) / cap).sum())
+            tot += float(self.curve(load / cap).sum())
         return self.weight * tot
 
     def delta(self, prob, st, rows):
@@ -397,10 +403,11 @@ class _DomainExcess(CostTerm):
         S = st.S[rows[live]]
         for onehot, cap, unique in self.domains(prob):
             load = st.F[:, self.attr] @ onehot
-            out[live] += _domain_convex_delta(load, cap, v[live], S @ onehot, unique)
+            out[live] += _domain_convex_delta(load, cap, v[live], S @ onehot, unique, self.curve)
         return self.weight * out
 
     def min_delta(self, prob, st, rows):
+        # The curve is non-decreasing: adding load never lowers it, so the removal bounds the gain.
         out = np.zeros(len(rows))
         v = prob.X[rows, self.attr]
         live = np.flatnonzero(v > 0)
@@ -408,13 +415,13 @@ class _DomainExcess(CostTerm):
             return out
         S = st.S[rows[live]]
         for onehot, cap, _ in self.domains(prob):
-            out[live] += _domain_removal(st.F[:, self.attr] @ onehot, cap, v[live], S @ onehot)
+            out[live] += _domain_removal(st.F[:, self.attr] @ onehot, cap, v[live], S @ onehot, self.curve)
         return self.weight * out
 
     def encode(self, enc):
         M, c = enc.field(self.attr)
         for onehot, cap, _ in self.domains(enc.prob):
-            enc.add_excess((onehot.T @ M, onehot.T @ c), cap, self.weight / cap)
+            enc.add_convex((onehot.T @ M, onehot.T @ c), cap, self.curve, self.weight * self._scale())
 
 
 class MemoryBandwidth(_DomainExcess):
@@ -422,17 +429,22 @@ class MemoryBandwidth(_DomainExcess):
 
     With local allocation (mems follow the CPUs), a container draws its bandwidth — MBM
     ``mbm_total_bytes`` rate, else LLC misses × 64 bytes — from the nodes it runs on, in proportion to
-    its share there. Beyond the node's capacity (``numa_bandwidth_bytes_per_second``) every
-    memory-bound container of the node stalls. On parts where an L3 domain has its own link to
-    memory (AMD CCDs), ``l3_bandwidth_bytes_per_second`` caps each L3 domain too. Cost = weight ×
-    Σ_domain max(0, demand − capacity) / capacity: one full capacity of excess costs ``weight``.
-    Convex piecewise linear.
+    its share there. The domain queues: its latency grows with its utilisation long before the
+    demand reaches its capacity (``numa_bandwidth_bytes_per_second``, the peak a saturating streaming
+    workload reaches), every memory-bound container there issues its requests more slowly, and the
+    domain delivers less than is asked of it. Cost = weight × Σ_domain lost(demand / capacity), the
+    bandwidth lost to queueing in capacities (:mod:`.bandwidth_curve`: a published loaded-latency curve
+    in a closed loop; ≈ demand / capacity − 1 far beyond capacity, so one full capacity of excess
+    still costs ``weight``). On parts where an L3 domain has its own link to memory (AMD CCDs),
+    ``l3_bandwidth_bytes_per_second`` caps each L3 domain too. Convex piecewise linear (chords of the
+    curve): the MILP writes it exactly.
     """
 
     name = "memory_bandwidth"
     summary = "spreads memory-bandwidth demand beyond a NUMA node's or L3 domain's capacity"
     attr = BW
     usage_attr = BW
+    curve = QUEUEING
 
     def domains(self, prob):
         n, c = prob.node, prob.cand
@@ -487,12 +499,6 @@ class CacheOccupancy(_DomainExcess):
 
     def min_delta(self, prob, st, rows):
         return super().min_delta(prob, st, rows) * self.cfg.cache_pressure_threshold
-
-    def encode(self, enc):
-        M, c = enc.field(self.attr)
-        th = self.cfg.cache_pressure_threshold
-        for onehot, cap, _ in self.domains(enc.prob):
-            enc.add_excess((onehot.T @ M, onehot.T @ c), cap, self.weight * th / cap)
 
 
 TERMS: tuple[type[CostTerm], ...] = (Avx512Core, Avx512Package, MemoryBandwidth, CacheOccupancy,

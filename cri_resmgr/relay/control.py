@@ -13,11 +13,12 @@ Moves       {}                              {"moves": [MoveRecord, ...]}
 Metrics     {}                              {"text": Prometheus text exposition}
 Reconcile   {}                              {"summary": {...}}
 Invariants  {}                              InvariantView (checked now against the kernel, repaired)
-Timings     {}                              {"rewrites": {method: [[queued, hook, hop] seconds, ...]}}
+Timings     {}                              {"rewrites": {method: [RewriteTiming fields, ...]}}
 =========== =============================== ====================================
 
-Timings (the CRI relay only; ``{}`` elsewhere): the last 1,000 held requests per method, for benchmarks —
-time waiting for a worker thread, in the rewrite hook, and from the hook's return to the forward.
+Timings (the CRI relay only; ``{}`` elsewhere): the last 1,000 held requests per method, for benchmarks — the
+instants each passed in the relay (:class:`cri_resmgr.relay.h2proxy.RewriteTiming`: ``time.perf_counter()``,
+which a caller on the same machine can set against its own clock).
 
 Move honours the caller's deadline: a move whose client has given up is not applied.
 """
@@ -36,6 +37,7 @@ import grpc
 
 from ..placement.api import InvariantView, MoveRecord, MoveRequest, RelayState
 from ..placement.runtime import RuntimeCallError
+from .h2proxy import RewriteTiming
 
 SERVICE = "cri_resmgr.relay.v1.Control"
 
@@ -143,9 +145,9 @@ class ControlClient:
         """Check the placement invariants against the kernel now (and repair what is wrong)."""
         return InvariantView.model_validate(self._call("Invariants"))
 
-    def rewrite_timings(self) -> dict[str, list[tuple[float, float, float]]]:
-        """method -> the last held requests' (queued, hook, hop) seconds (see the module's doc)."""
-        return {m: [tuple(x) for x in xs] for m, xs in self._call("Timings").get("rewrites", {}).items()}
+    def rewrite_timings(self) -> dict[str, list[RewriteTiming]]:
+        """method -> the last held requests' timings, oldest first (see the module's doc)."""
+        return {m: [RewriteTiming(**x) for x in xs] for m, xs in self._call("Timings").get("rewrites", {}).items()}
 
     def close(self) -> None:
         self.channel.close()

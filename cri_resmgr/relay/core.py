@@ -45,6 +45,11 @@ log = logging.getLogger(__name__)
 
 RT = "/runtime.v1.RuntimeService/"
 LIST_OBSERVE_SECONDS = 0.5
+# After an exclusive create, the shared containers' updates and the save wait this long (the updates: or until the
+# start, which needs them, arrives): each update is a runtime process (runc update), and started together at the
+# create's answer they took the CPUs from kubelet as it took that answer (bench/relay_bench.py phase 4: ~1 ms of
+# the create's time on 2 CPUs). kubelet's StartContainer follows its CreateContainer within about a millisecond.
+POOL_GRACE_SECONDS = 0.005
 OK, NOT_FOUND = status(grpc.StatusCode.OK), status(grpc.StatusCode.NOT_FOUND)
 
 
@@ -86,7 +91,8 @@ class Handler:
         if ex.code != OK:
             self.engine.abort(ctx.reservation)
         elif ex.rewritten:
-            self.engine.commit(ctx.reservation, container_id, ctx.resources_blob, defer=self.fe.after_reply)
+            self.engine.commit(ctx.reservation, container_id, ctx.resources_blob, defer=self.fe.after_reply,
+                               later=self.fe.pool_soon)
         else:
             self.engine.commit_unplaced(ctx.reservation, container_id, ctx.original_cpus)
 
@@ -110,17 +116,27 @@ class CreateContainer(Handler):
         # The pod's annotations (thousands, at times) are not decoded unless the engine reads them: it does
         # only for a pod it has not seen created. See wire.py.
         req = wire.parse_create(ex.request)
-        cfg, meta = req.config, req.sandbox_metadata
+        cfg = req.config
         res = cfg.linux.resources
+        # A pod the books know (from its RunPodSandbox, or adopted) is not read again from the request: its
+        # sandbox config (~45 kB with 1,000 annotations) stays unparsed. Its identity and cgroup parent are the
+        # sandbox's own, fixed when it was created.
+        known = self.engine.pod_identity(req.pod_sandbox_id)
+        if known is not None and all(known):
+            namespace, pod_name, pod_uid, parent = known
+        else:
+            meta = req.sandbox_metadata
+            namespace, pod_name, pod_uid = meta.namespace, meta.name, meta.uid
+            parent = req.sandbox_linux.cgroup_parent
         creq = ContainerRequest(
-            pod_id=req.pod_sandbox_id, name=cfg.metadata.name, namespace=meta.namespace, pod_name=meta.name,
-            pod_uid=meta.uid, cgroup_parent=req.sandbox_linux.cgroup_parent, pod_annotations=req.pod_annotations,
+            pod_id=req.pod_sandbox_id, name=cfg.metadata.name, namespace=namespace, pod_name=pod_name,
+            pod_uid=pod_uid, cgroup_parent=parent, pod_annotations=req.pod_annotations,
             annotations=dict(cfg.annotations), resources=resources_of(res))
         with self.fe.exchange_lock:
             if ex.code is not None:
                 return None  # the call ended (client gone) while waiting for a worker
             try:
-                r = self.engine.place(creq, refresh_exits=not inline)
+                r = self.engine.place(creq, refresh_exits=not inline, defer=self.fe.after_forward)
             except InsufficientCpus as e:
                 if inline:
                     return IN_WORKER  # nothing reserved: the worker places it again, asking the runtime first
@@ -128,12 +144,7 @@ class CreateContainer(Handler):
                               f"cri-resmgr: container {creq.namespace}/{creq.pod_name}/{creq.name}: {e}")
             ctx = CallContext(r, res.cpuset_cpus, "")
             ex.context = ctx  # from here on the completion settles the reservation, whatever happens below
-        try:
-            message, resources = wire.set_cpuset(req, r.cpus, r.mems)
-        except wire.WireError:  # a request protobuf reads differently from a splice (config repeated): protobuf
-            full = pb.CreateContainerRequest.FromString(ex.request)
-            full.config.linux.resources.cpuset_cpus, full.config.linux.resources.cpuset_mems = r.cpus, r.mems
-            message, resources = full.SerializeToString(), full.config.linux.resources.SerializeToString()
+        message, resources = wire.set_cpuset(req, r.cpus, r.mems)
         ctx.resources_blob = resources.hex()
         return message
 
@@ -287,6 +298,29 @@ class CriFrontEnd(Hooks, EngineControl):
             h.complete(ex)
 
     @staticmethod
+    def after_forward(fn: Callable[[], None]) -> None:
+        """Run ``fn`` once the request being rewritten has been handed to the runtime's socket: a rewrite on the
+        event loop runs while the proxy holds the request, and the event loop runs ``fn`` right after it is
+        sent; elsewhere (a worker thread, a handler called directly) at once."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            fn()
+            return
+        loop.call_soon(fn)
+
+    @staticmethod
+    def pool_soon(fn: Callable[[], None]) -> None:
+        """Wake the pool worker and the persist thread after a create ``POOL_GRACE_SECONDS`` later (see
+        ``Engine.commit``'s ``later``); off the event loop at once."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            fn()
+            return
+        loop.call_later(POOL_GRACE_SECONDS, fn)
+
+    @staticmethod
     def after_reply(fn: Callable[[], None]) -> None:
         """Run ``fn`` once the answer of the call being completed has been handed to the client's socket: a
         completion runs while the proxy holds that answer, and the event loop runs ``fn`` right after."""
@@ -307,8 +341,8 @@ class CriFrontEnd(Hooks, EngineControl):
 
     def rewrite_timed(self, ex: Exchange) -> None:
         t = ex.timing
-        if t is not None and t.started:
-            self.stats.record_rewrite(ex.method, t.started - t.held, t.returned - t.started, t.forwarded - t.returned)
+        if t is not None and t.started and t.forwarded:  # held and handed to the hook (not cut short)
+            self.stats.record_rewrite(ex.method, t)
 
     def dump(self, direction: str, ex: Exchange, message: bytes) -> None:
         self.dumper.write(direction, ex, message)

@@ -15,11 +15,17 @@ What the proxy does look at:
 - for methods the relay owns, the request message is held until it is complete, handed to a hook (on the
   event loop when the hook says it can answer there at once, else in a worker thread) which may rewrite or
   refuse it; the response message is copied as it passes;
-- flow control (RFC 9113 §6.9) stays exact around held requests: the proxy credits the client at once
-  for the bytes it holds (so a request larger than the window cannot stall), takes the bytes it later
-  sends to the runtime out of the runtime's next connection WINDOW_UPDATEs to the client, and tracks the
-  runtime's connection and stream windows itself, queueing DATA that does not fit until the runtime
-  opens them.
+- flow control (RFC 9113 §6.9) stays exact around held requests: the proxy credits the client for the
+  bytes it holds (so a request larger than the window cannot stall) once per socket read, after that read's
+  bytes went to the runtime (one WINDOW_UPDATE, not one per frame, each waking the client), takes the bytes
+  it later sends to the runtime out of the runtime's next connection WINDOW_UPDATEs to the client, and tracks
+  the runtime's connection and stream windows itself, queueing DATA that does not fit until the runtime
+  opens them;
+- the end of a call is sent to the client first; the completion hook (the books' work), metrics and timing
+  run right after, in the same event-loop callback (so before anything else the client sends is read).
+
+A held request is timed point by point (:class:`RewriteTiming`; the control socket's ``Timings`` call), so that
+a benchmark can tell where its added time goes.
 
 What the proxy bounds (so that no peer can make it hold memory without limit):
 
@@ -112,13 +118,30 @@ class Exchange:
 
 @dataclass
 class RewriteTiming:
-    """perf_counter instants of a held request in the relay: complete (handed to the hook), the hook starts
-    (in a worker: when one takes it; on the event loop: at once), the hook returns, the result is forwarded."""
+    """Where a held request's time in the relay goes: ``time.perf_counter()`` instants (CLOCK_MONOTONIC on
+    Linux, so a benchmark in another process can set them against its own), 0.0 for a point not reached.
 
-    held: float
+    The socket read that brought the client's request HEADERS began (``arrived``); those HEADERS parsed
+    (``headers``, HPACK-decoded), the request's first DATA frame (``first_data``); the message
+    complete and handed to the hook (``held``); the hook starts (in a worker: when one takes it; on the event
+    loop: at once) and returns; the result's last bytes handed to the runtime's socket (``forwarded``; what the
+    socket did not take at once and asyncio buffered: ``upstream_buffered`` bytes); the runtime's response
+    HEADERS and its trailers parsed; the completion hook returned; the call's end handed to the client's socket
+    (``answered``). ``reads``: socket reads (``data_received``) from the client's HEADERS to the message's end."""
+
+    arrived: float = 0.0
+    headers: float = 0.0
+    first_data: float = 0.0
+    held: float = 0.0
     started: float = 0.0
     returned: float = 0.0
     forwarded: float = 0.0
+    upstream_buffered: int = 0
+    response: float = 0.0
+    response_end: float = 0.0
+    completed: float = 0.0
+    answered: float = 0.0
+    reads: int = 0
 
 
 class InWorker:
@@ -155,7 +178,8 @@ class Hooks:
         """Every call, for metrics."""
 
     def rewrite_timed(self, ex: Exchange) -> None:
-        """A held request was forwarded (or refused): ``ex.timing`` is complete."""
+        """A held request's call ended and its end was handed to the client's socket: ``ex.timing`` holds what
+        it passed through."""
 
     def dump(self, direction: str, ex: Exchange, message: bytes) -> None:
         """Only called when ``dumping`` is true."""
@@ -308,13 +332,29 @@ class Pair:
         # that they keep their place after frames already parsed (a stream's DATA never before its HEADERS).
         self._c2s_out: list[bytes] | None = None
         self._s2c_out: list[bytes] | None = None
+        # While the client's input is parsed, what goes back to the client waits here (and the connection window
+        # the proxy gives back for held DATA adds up in _credit): it is written once, after the runtime's bytes,
+        # which are on the critical path (one write instead of one per frame, each waking the client).
+        self._c2s_back: list[bytes] | None = None
+        self._credit = 0
+        # Calls that ended while the runtime's input was parsed: their completion (hooks, metrics) runs once the
+        # client has been sent what was parsed, so that the books' work is not on the answer's path.
+        self._ended: list[_Stream] = []
+        # Timed held requests whose bytes wait in the lists above: stamped once the lists went to the sockets.
+        self._forward_stamps: list[RewriteTiming] = []
+        self.reads = 0  # data_received calls from the client (RewriteTiming.reads)
+        self.read_at = 0.0  # when the latest began (RewriteTiming.arrived)
 
     # -- client -> runtime --------------------------------------------------------------------------
     def from_client(self, data: bytes) -> None:
+        self.reads += 1
+        self.read_at = time.perf_counter()
         d = self.c2s
         d.buf += data
         out: list[bytes] = []
         self._c2s_out = out
+        back: list[bytes] = []
+        self._c2s_back = back
         buf = d.buf
         pos = 0
         if d.preface_left:
@@ -333,8 +373,7 @@ class Pair:
             if ftype == DATA:
                 st = self.streams.get(sid)
                 if st is None and sid in self.dropped:
-                    if length:  # never forwarded: the client's connection window gets the bytes back
-                        self._to_client(frame(WINDOW_UPDATE, 0, 0, length.to_bytes(4, "big")))
+                    self._credit += length  # never forwarded: the client's connection window gets the bytes back
                     if flags & F_END_STREAM:
                         self.dropped.discard(sid)
                 elif st is None or (st.mode is Mode.PASS and not self.hooks.dumping):
@@ -346,10 +385,13 @@ class Pair:
                         pos = end
                         continue
                     st.held.append(_data_body(flags, bytes(buf[pos + 9:end])))
+                    if st.ex.timing is not None and not st.ex.timing.first_data:
+                        st.ex.timing.first_data = time.perf_counter()
                     if length:
                         # Held bytes never reach the runtime as such: the proxy gives the client its window back.
-                        self._to_client(frame(WINDOW_UPDATE, 0, 0, length.to_bytes(4, "big")) + (
-                            b"" if flags & F_END_STREAM else frame(WINDOW_UPDATE, 0, sid, length.to_bytes(4, "big"))))
+                        self._credit += length
+                        if not flags & F_END_STREAM:
+                            back.append(frame(WINDOW_UPDATE, 0, sid, length.to_bytes(4, "big")))
                     if flags & F_END_STREAM:
                         st.req_done = True
                         self._submit_rewrite(st)
@@ -360,7 +402,8 @@ class Pair:
                         st.req_done = True
             elif ftype in (HEADERS, CONTINUATION):
                 if not self._header_frame(d, ftype, flags, sid, bytes(buf[pos:end]), out, self._request_headers):
-                    self._c2s_out = None
+                    self._c2s_out, self._forward_stamps = None, []
+                    self._flush_back()
                     self._goaway_client("request header block larger than "
                                         f"{self.proxy.max_header_block} bytes")
                     return
@@ -383,6 +426,20 @@ class Pair:
         self._c2s_out = None
         if out:
             self._to_upstream(b"".join(out))
+        if self._forward_stamps:
+            self._stamp_forwarded()
+        self._flush_back()
+
+    def _flush_back(self) -> None:
+        """Write what the client's input parsed so far owes the client (see ``_c2s_back``)."""
+        back, self._c2s_back = self._c2s_back, None
+        if back is None:
+            return
+        if self._credit:
+            back.append(frame(WINDOW_UPDATE, 0, 0, self._credit.to_bytes(4, "big")))
+            self._credit = 0
+        if back:
+            self._to_client(b"".join(back))
 
     def _header_frame(self, d: _Direction, ftype: int, flags: int, sid: int, raw: bytes, out: list[bytes],
                       on_headers) -> bool:
@@ -453,7 +510,10 @@ class Pair:
                 method = v.decode("ascii", "replace")
                 break
         ex = Exchange(method, sid, time.perf_counter())
-        self.streams[sid] = _Stream(ex, self.hooks.mode(method))
+        mode = self.hooks.mode(method)
+        if mode is Mode.REWRITE:
+            ex.timing = RewriteTiming(arrived=self.read_at, headers=ex.started, reads=self.reads)
+        self.streams[sid] = _Stream(ex, mode)
         self.up_streams[sid] = self.up_initial
 
     # -- runtime -> client --------------------------------------------------------------------------
@@ -480,6 +540,7 @@ class Pair:
             elif ftype in (HEADERS, CONTINUATION):
                 if not self._header_frame(d, ftype, flags, sid, bytes(buf[pos:end]), out, self._response_headers):
                     self._s2c_out = None
+                    self._report_ended()
                     self._goaway_client(f"runtime header block larger than {self.proxy.max_header_block} bytes")
                     return
             elif ftype == WINDOW_UPDATE:
@@ -526,12 +587,29 @@ class Pair:
         self._s2c_out = None
         if out:
             self._to_client(b"".join(out))
+        if self._ended:
+            self._report_ended()
+
+    def _report_ended(self) -> None:
+        ended, self._ended = self._ended, []
+        now = time.perf_counter()
+        for st in ended:
+            if st.ex.timing is not None:
+                st.ex.timing.answered = now
+        for st in ended:
+            self._report(st)
 
     def _response_headers(self, sid: int, headers: list[tuple[bytes, bytes]], end_stream: bool) -> None:
         st = self.streams.get(sid)
         if st is None:
             return
         st.seen_response_headers = True
+        t = st.ex.timing
+        if t is not None:
+            if end_stream:
+                t.response_end = time.perf_counter()
+            if not t.response:
+                t.response = t.response_end or time.perf_counter()
         if not end_stream:
             return
         code, message = status(S.UNKNOWN), ""
@@ -557,7 +635,11 @@ class Pair:
             return
         st.ex.request = msg
         loop = self.proxy.loop
-        timing = st.ex.timing = RewriteTiming(time.perf_counter())
+        timing = st.ex.timing
+        if timing is None:  # a hook that switched a stream to REWRITE by hand (tests)
+            timing = st.ex.timing = RewriteTiming(headers=st.ex.started, reads=self.reads)
+        timing.held = time.perf_counter()
+        timing.reads = self.reads - timing.reads + 1
         try:
             inline = self.hooks.rewrite_inline(st.ex)
         except Exception:  # as a failing worker hook: the request goes as the client sent it
@@ -585,15 +667,25 @@ class Pair:
     def _rewritten(self, st: _Stream, result: bytes | Reject | None) -> None:
         if st.closed or self.closed:
             return
-        try:
-            self._forward_rewritten(st, result)
-        finally:
-            if st.ex.timing is not None:
-                st.ex.timing.forwarded = time.perf_counter()
-                self.hooks.rewrite_timed(st.ex)
+        self._forward_rewritten(st, result)
+        t = st.ex.timing
+        if t is not None and not t.forwarded:
+            if self._c2s_out is not None:  # inside from_client: the bytes go with the frames being parsed
+                self._forward_stamps.append(t)
+            else:
+                self._stamp_forwarded(t)
+
+    def _stamp_forwarded(self, t: RewriteTiming | None = None) -> None:
+        now = time.perf_counter()
+        buffered = self.upstream.get_write_buffer_size() if self.upstream is not None else 0
+        stamps, self._forward_stamps = ([t] if t is not None else self._forward_stamps), []
+        for s in stamps:
+            s.forwarded, s.upstream_buffered = now, buffered
 
     def _forward_rewritten(self, st: _Stream, result: bytes | Reject | None) -> None:
         if isinstance(result, Reject):
+            if st.ex.timing is not None:  # the refusal is this request's "forward": nothing reaches the runtime
+                st.ex.timing.forwarded = time.perf_counter()
             st.held = []
             self._to_upstream(frame(RST_STREAM, 0, st.ex.stream_id, H2_CANCEL.to_bytes(4, "big")))
             self._to_client(trailers_only(st.ex.stream_id, result.code, result.message))
@@ -662,6 +754,8 @@ class Pair:
             self._to_client(frame(WINDOW_UPDATE, 0, 0, dropped.to_bytes(4, "big")))
 
     def _finish(self, st: _Stream, code: int, message: str) -> None:
+        """The call ended: it is forgotten at once; its completion runs now, or (inside from_upstream) once the
+        client has been sent its end."""
         if st.closed:
             return
         st.closed = True
@@ -669,6 +763,17 @@ class Pair:
         ex.code, ex.message = code, message
         self.streams.pop(ex.stream_id, None)
         self.up_streams.pop(ex.stream_id, None)
+        if self._s2c_out is not None:
+            self._ended.append(st)
+            return
+        if ex.timing is not None:  # what the client gets for it (if anything) is on its way
+            ex.timing.answered = time.perf_counter()
+        self._report(st)
+
+    def _report(self, st: _Stream) -> None:
+        """A call's completion: the hooks (the books), metrics, the dump, the timing."""
+        ex = st.ex
+        code = ex.code if ex.code is not None else status(S.UNKNOWN)
         if st.mode is not Mode.PASS or self.hooks.dumping:
             if not ex.rewritten:
                 ex.request = grpc_message(bytes(st.req)) or b""
@@ -682,6 +787,12 @@ class Pair:
                 except Exception:
                     log.exception("completion hook for %s failed", ex.method)
         self.hooks.finished(ex.method, code, time.perf_counter() - ex.started)
+        if ex.timing is not None:
+            ex.timing.completed = time.perf_counter()
+            try:
+                self.hooks.rewrite_timed(ex)
+            except Exception:
+                log.exception("timing hook for %s failed", ex.method)
 
     # -- transports ---------------------------------------------------------------------------------
     def _to_upstream(self, data: bytes) -> None:
@@ -695,6 +806,8 @@ class Pair:
             return
         if self._s2c_out is not None:
             self._s2c_out.append(data)
+        elif self._c2s_back is not None:
+            self._c2s_back.append(data)
         elif not self.closed:
             self.client.write(data)
 

@@ -8,12 +8,14 @@ writer (:mod:`cri_resmgr.export.exposition`: escaping and value spelling as prom
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import threading
 from collections import deque
 from dataclasses import dataclass, field
 
 from .. import metrics as M
 from ..export.exposition import format_family, format_histogram
+from .h2proxy import RewriteTiming
 
 # 50 µs doubling to ~13 s: forwarded calls take 0.1-1 ms, container creation 0.1-1 s.
 BUCKETS = tuple(50e-6 * 2**i for i in range(19))
@@ -35,8 +37,8 @@ class RelayStats:
         self.lock = threading.Lock()
         self.gauges: dict[str, float] = {}
         self.resets: dict[str, int] = {}  # reason -> streams/connections the proxy ended itself
-        # method -> the last REWRITE_SAMPLES held requests' (queued, hook, hop) seconds (control socket: Timings)
-        self.rewrites: dict[str, deque[tuple[float, float, float]]] = {}
+        # method -> the last REWRITE_SAMPLES held requests' timings (control socket: Timings)
+        self.rewrites: dict[str, deque[RewriteTiming]] = {}
 
     def reset(self, reason: str) -> None:
         with self.lock:
@@ -60,19 +62,20 @@ class RelayStats:
             h.total += seconds
             h.n += 1
 
-    def record_rewrite(self, path: str, queued: float, hook: float, hop: float) -> None:
-        """A held request's time in the relay: waiting for a worker, in the rewrite hook, and from the hook's
-        return until the event loop forwarded it."""
+    def record_rewrite(self, path: str, timing: RewriteTiming) -> None:
+        """A held request's call ended: where its time in the relay went (kept as it is, read on demand)."""
         m = self.method_label(path)
         with self.lock:
             d = self.rewrites.get(m)
             if d is None:
                 d = self.rewrites[m] = deque(maxlen=REWRITE_SAMPLES)
-            d.append((queued, hook, hop))
+            d.append(timing)
 
-    def rewrite_samples(self) -> dict[str, list[tuple[float, float, float]]]:
+    def rewrite_samples(self) -> dict[str, list[dict[str, float]]]:
+        """method -> the last held requests' :class:`RewriteTiming` fields, oldest first."""
         with self.lock:
-            return {m: list(d) for m, d in self.rewrites.items()}
+            kept = {m: list(d) for m, d in self.rewrites.items()}
+        return {m: [dataclasses.asdict(t) for t in ts] for m, ts in kept.items()}
 
     def count(self, method: str, code: str) -> int:
         with self.lock:

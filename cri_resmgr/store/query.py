@@ -6,17 +6,20 @@ Time buckets follow Prometheus' convention: the point at time ``t`` summarises s
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
-import re2
 
 from .. import metrics as M
 from .tsdb import SeriesRef, Store
+
+if TYPE_CHECKING:
+    import re2
 
 Agg = Literal["avg", "max", "min", "sum", "last"]
 AGGS: tuple[str, ...] = ("avg", "max", "min", "sum", "last")
@@ -38,14 +41,16 @@ class QueryError(ValueError):
     """A query that cannot be answered as asked; the message says which parameter is wrong."""
 
 
-def _re2_options() -> re2.Options:
+@functools.cache
+def _re2():
+    """The re2 module and its options, imported on the first regular expression (about 1.5 MB of RSS that an
+    agent nobody queries with a regex does not need)."""
+    import re2
+
     o = re2.Options()
     o.max_mem = _RE2_MAX_MEM
     o.log_errors = False
-    return o
-
-
-_RE2_OPTIONS = _re2_options()
+    return re2, o
 
 
 def compile_regex(pattern: str, param: str = "match[]") -> re2._Regexp:
@@ -55,8 +60,9 @@ def compile_regex(pattern: str, param: str = "match[]") -> re2._Regexp:
     if len(pattern.encode()) > MAX_REGEX_BYTES:
         raise QueryError(f"{param}: regular expression of {len(pattern.encode())} bytes is longer than the "
                          f"limit of {MAX_REGEX_BYTES}")
+    re2, options = _re2()
     try:
-        return re2.compile(f"^(?s:{pattern})$", _RE2_OPTIONS)
+        return re2.compile(f"^(?s:{pattern})$", options)
     except re2.error as e:
         raise QueryError(f"{param}: bad regular expression {pattern!r}: {e}") from None
 
@@ -337,7 +343,6 @@ def query_range(
     if agg not in AGGS:
         raise QueryError(f"agg must be one of {', '.join(AGGS)}, got {agg!r}")
     times = step_times(start, end, step)
-    out = []
     # A rate at the first bucket needs the sample just before it.
     lookback = step if fn == "raw" else 2 * step
     by_table: dict[str, list[SeriesRef]] = {}
@@ -345,12 +350,14 @@ def query_range(
     check_response_points(len(refs_all), len(times))
     for ref in refs_all:
         by_table.setdefault(ref.table, []).append(ref)
+    rows: list[tuple[SeriesRef, np.ndarray]] = []
     for table, refs in by_table.items():
         ts, V = store.raw_matrix(table, [r.col for r in refs], start - lookback, end)
         M = rate_matrix(ts, V, times, step) if fn == "rate" else aggregate_matrix(ts, V, times, step, agg)
-        for i, ref in enumerate(refs):
-            out.append(SeriesResult(ref.label_dict, M[:, i]))
-    out.sort(key=lambda r: sorted(r.labels.items()))
+        rows += [(ref, M[:, i]) for i, ref in enumerate(refs)]
+    # By label pairs: a series' key is already its pairs in sorted order (tsdb.labels_key).
+    rows.sort(key=lambda rv: rv[0].labels)
+    out = [SeriesResult(ref.label_dict, v) for ref, v in rows]
     return times, out
 
 

@@ -377,6 +377,7 @@ class Table:
         self.since = np.zeros(ncols, dtype=np.int64)  # seq from which a column holds its current series
         self.free: list[int] = []
         self.generation = 0  # bumped whenever columns are reclaimed
+        self.keys_version = 0  # bumped whenever ``keys`` changes (a checkpoint re-encodes them only then)
         self.fast_col: dict[tuple, int] = {}
         # Rows before this seq are gone whatever the capacity says (it grew on a reload, or a checkpoint held
         # fewer rows than the capacity now covers).
@@ -432,6 +433,7 @@ class Table:
             if col >= self.hot_vals.shape[1]:
                 self._grow()
             self.keys.append(key)
+        self.keys_version += 1
         self.hot_vals[:, col] = np.nan
         self.last_seq[col] = -1
         self.last_val[col] = self.last_t[col] = np.nan
@@ -451,6 +453,7 @@ class Table:
                 self.free.append(col)
         if gone:
             self.generation += 1
+            self.keys_version += 1
             self.fast_col.clear()
         return gone
 
@@ -609,6 +612,7 @@ class Table:
         while self.hot_vals.shape[1] < ncols:
             self._grow()
         self.keys = list(keys)
+        self.keys_version += 1
         self.col_of = {k: c for c, k in enumerate(self.keys) if k is not None}
         self.free = [c for c, k in enumerate(self.keys) if k is None]
         self.seq = seq
@@ -627,6 +631,7 @@ class Table:
             del self.col_of[key]
             self.keys[col] = None
             self.free.append(col)
+            self.keys_version += 1
             self.fast_col.clear()
 
     def truncated(self, limit: float) -> tuple[Table, int, float] | None:
@@ -737,6 +742,7 @@ class Store:
         # series (at 20 k series the index took ~1.7 KB a series, most of it copies of the same pairs).
         self._pairs: dict[tuple[str, str], tuple[str, str]] = {}
         self._plans: dict[str, _ColumnPlan] = {}  # per table, for append_columns
+        self.index_version = 0  # bumped whenever a series enters or leaves the index (readers cache by it)
 
     def _labels_key(self, labels: Mapping[str, str]) -> Labels:
         """:func:`labels_key` with its pairs interned."""
@@ -900,6 +906,7 @@ class Store:
         self._index.setdefault(metric, {})[lk] = SeriesRef(metric, lk, table, col)
         self._inverted.pop(metric, None)
         self._series += 1
+        self.index_version += 1
 
     # -- restoring (store/checkpoint.py) -------------------------------------------------------------
     def replace_table(self, name: str, capacity: int, columns: int) -> Table:
@@ -954,6 +961,7 @@ class Store:
             self._index.clear()
             self._inverted.clear()
             self._plans.clear()
+            self.index_version += 1
             self._pairs.clear()
             self._series = 0
 
@@ -965,6 +973,7 @@ class Store:
 
     def _reclaim(self, tab: Table) -> None:
         for metric, lk in tab.reclaim():
+            self.index_version += 1
             series = self._index.get(metric)
             self._inverted.pop(metric, None)
             if series and lk in series:
@@ -988,8 +997,12 @@ class Store:
 
     def series_by_metric(self) -> dict[str, list[SeriesRef]]:
         """Every stored series, per metric in first-written order: a snapshot, safe to use without the lock."""
+        return self.versioned_series()[1]
+
+    def versioned_series(self) -> tuple[int, dict[str, list[SeriesRef]]]:
+        """:meth:`series_by_metric` with the :attr:`index_version` it is of."""
         with self._lock:
-            return {m: list(series.values()) for m, series in self._index.items()}
+            return self.index_version, {m: list(series.values()) for m, series in self._index.items()}
 
     def row_counts(self) -> dict[str, int]:
         """Rows ever written per table (``Table.seq``): the cursor :meth:`rows_since` continues from."""

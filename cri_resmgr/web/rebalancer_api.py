@@ -23,6 +23,9 @@ class RebalancerStatus(BaseModel):
     rounds: int
     moves_total: dict[str, int]
     last: RoundRecord | None
+    rounds_skipped_total: int = 0  # the loop's rounds whose planning was skipped: no input had changed
+    last_skip_time: float | None = None
+    last_skip_reason: str | None = None
 
 
 def rebalancer_router(agent, require_token: Callable) -> APIRouter:
@@ -39,8 +42,12 @@ def rebalancer_router(agent, require_token: Callable) -> APIRouter:
         svc = service()
         cfg = agent.cfg.rebalancer
         eng = svc.engine
+        skip = svc.gate.last_skip
         return RebalancerStatus(enabled=cfg.enabled, mode=cfg.mode, interval_seconds=cfg.interval_seconds,
-                                rounds=len(eng.history), moves_total=dict(eng.moves_total), last=eng.last)
+                                rounds=len(eng.history), moves_total=dict(eng.moves_total), last=eng.last,
+                                rounds_skipped_total=svc.gate.skipped_total,
+                                last_skip_time=skip.time if skip else None,
+                                last_skip_reason=skip.reason if skip else None)
 
     @r.get("/history", response_model=list[RoundRecord])
     def history(limit: Annotated[int, Query(ge=1, le=10_000)] = 100) -> list[RoundRecord]:

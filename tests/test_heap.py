@@ -1,0 +1,74 @@
+"""heap.release_free_heap gives freed C heap memory back to the OS (glibc malloc_trim)."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+from cri_resmgr.heap import _malloc_trim, release_free_heap
+
+
+def rss_mib() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+@pytest.mark.skipif(_malloc_trim() is None, reason="C library without malloc_trim (not glibc)")
+def test_memory_freed_by_a_thread_leaves_the_rss_after_release():
+    """64 MB in 64 KB pieces (below the mmap threshold: from the heap), freed but for one piece allocated last,
+    stay in the RSS until released."""
+    seen = {}
+
+    def churn():
+        pieces = [bytearray(64 << 10) for _ in range(1024)]  # written: the pages are resident
+        keep = bytearray(64 << 10)  # noqa: F841 - above the freed ones: the heap cannot just shrink
+        del pieces
+        seen["freed"] = rss_mib()
+        assert release_free_heap()
+        seen["released"] = rss_mib()
+
+    t = threading.Thread(target=churn)
+    t.start()
+    t.join()
+    assert seen["freed"] - seen["released"] > 32, seen
+
+
+MMAP_CHILD = """
+import ctypes, sys
+sys.path.insert(0, {repo!r})
+from cri_resmgr.heap import fix_mmap_threshold
+class MI(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                               "fsmblks", "uordblks", "fordblks", "keepcost")]
+libc = ctypes.CDLL("libc.so.6")
+libc.mallinfo2.restype = MI
+if sys.argv[1] == "fixed":
+    assert fix_mmap_threshold()
+a = bytearray(4 << 20)
+del a  # glibc's dynamic threshold rises to 4 MB here unless it was fixed
+base = libc.mallinfo2().hblkhd
+b = bytearray(2 << 20)
+print(libc.mallinfo2().hblkhd - base)
+"""
+
+
+@pytest.mark.skipif(_malloc_trim() is None, reason="C library without malloc_trim (not glibc)")
+def test_fixed_mmap_threshold_keeps_large_temporaries_out_of_the_heap():
+    """After a 4 MB block was freed, glibc serves the next 2 MB block from the heap (whose holes stay in the RSS)
+    unless the agent fixed the mmap threshold: then it is mmapped (and unmapped when freed)."""
+    import subprocess
+    import sys
+
+    repo = str(Path(__file__).resolve().parent.parent)
+
+    def mmapped(mode: str) -> int:
+        code = MMAP_CHILD.format(repo=repo)
+        r = subprocess.run([sys.executable, "-c", code, mode], capture_output=True, text=True, check=True)
+        return int(r.stdout.split()[-1])
+
+    assert mmapped("dynamic") < 1 << 20  # the test would not see the difference otherwise
+    assert mmapped("fixed") >= 2 << 20
