@@ -48,6 +48,22 @@ libc = ctypes.CDLL("libc.so.6")
 libc.mallinfo2.restype = MI
 if sys.argv[1] == "fixed":
     assert fix_mmap_threshold()
+elif sys.argv[1] == "agent":  # what the agent's start does, on a node of fixture files
+    from cri_resmgr.agent import Agent
+    from cri_resmgr.config import build_config
+    from cri_resmgr.topology.fixtures import MACHINES, build_sysfs
+    tmp = sys.argv[2]
+    sysfs = build_sysfs(MACHINES["small-offline-isolated"], tmp + "/sys")
+    for d in ("cgroup", "proc"):
+        __import__("os").makedirs(tmp + "/" + d)
+    cfg = build_config({{"state_dir": tmp + "/state", "run_dir": tmp + "/run",
+                         "paths": {{"sysfs": str(sysfs), "cgroup": tmp + "/cgroup", "proc": tmp + "/proc"}},
+                         "collectors": {{"cgroup": {{"interval_seconds": 3600}},
+                                         "cpu": {{"interval_seconds": 3600}}}}}},
+                       env={{"NODE_NAME": "t"}})
+    agent = Agent(cfg)
+    agent.start()
+    agent.stop()
 a = bytearray(4 << 20)
 del a  # glibc's dynamic threshold rises to 4 MB here unless it was fixed
 base = libc.mallinfo2().hblkhd
@@ -57,7 +73,7 @@ print(libc.mallinfo2().hblkhd - base)
 
 
 @pytest.mark.skipif(_malloc_trim() is None, reason="C library without malloc_trim (not glibc)")
-def test_fixed_mmap_threshold_keeps_large_temporaries_out_of_the_heap():
+def test_fixed_mmap_threshold_keeps_large_temporaries_out_of_the_heap(tmp_path: Path):
     """After a 4 MB block was freed, glibc serves the next 2 MB block from the heap (whose holes stay in the RSS)
     unless the agent fixed the mmap threshold: then it is mmapped (and unmapped when freed)."""
     import subprocess
@@ -67,8 +83,10 @@ def test_fixed_mmap_threshold_keeps_large_temporaries_out_of_the_heap():
 
     def mmapped(mode: str) -> int:
         code = MMAP_CHILD.format(repo=repo)
-        r = subprocess.run([sys.executable, "-c", code, mode], capture_output=True, text=True, check=True)
+        r = subprocess.run([sys.executable, "-c", code, mode, str(tmp_path)], capture_output=True, text=True,
+                           check=True)
         return int(r.stdout.split()[-1])
 
     assert mmapped("dynamic") < 1 << 20  # the test would not see the difference otherwise
     assert mmapped("fixed") >= 2 << 20
+    assert mmapped("agent") >= 2 << 20  # Agent.start() fixes it
