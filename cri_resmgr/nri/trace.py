@@ -114,11 +114,12 @@ class HookTrace:
 
     @property
     def cause(self) -> str:
-        """The largest part of a slow hook: ``gc`` when collection took most of it, else ``cpu``, ``runqueue``,
-        ``blocked`` or ``steal``."""
+        """The largest part of a slow hook: ``gc`` when collection took most of it (at least half its time:
+        a collection runs on a CPU, so its time is inside ``cpu`` too, and cannot be compared with it), else
+        ``cpu``, ``runqueue``, ``blocked`` or ``steal``."""
         parts = {"cpu": self.cpu_seconds, "runqueue": self.runqueue_seconds, "blocked": self.blocked_seconds,
                  "steal": self.steal_seconds}
-        if self.gc_seconds >= max(parts.values()):
+        if self.gc_seconds > 0 and self.gc_seconds >= 0.5 * self.wall_seconds:
             return "gc"
         return max(parts, key=lambda k: parts[k])
 
