@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import statistics
 import sys
 import time
@@ -9,6 +10,12 @@ from pathlib import Path
 
 # Benchmarks run from a checkout without installing: make the package importable.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+
+def cpu_seconds(pid: int) -> float:
+    # proc(5): /proc/<pid>/stat fields 14 and 15 are utime and stime in clock ticks
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def median_time(fn, repeat: int = 7) -> float:

@@ -16,23 +16,16 @@ Needs root, runc, busybox-static and access to the Debian archive (or a filled c
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import _util  # noqa: F401  (puts the repo on sys.path)
+from _util import cpu_seconds  # (importing _util puts the repo on sys.path)
 
 from tests.integration.nri.containerd17 import FetchError
 from tests.integration.nri.harness import NriPluginProcess, start_containerd17
-
-
-def cpu_seconds(pid: int) -> float:
-    # proc(5): /proc/<pid>/stat fields 14 and 15 are utime and stime in clock ticks
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def switches(pid: int) -> dict[int, int]:

@@ -207,10 +207,11 @@ def child_agent(spec: dict) -> dict:
         spy.wait()
     rss = _rss_kib()
     if spec.get("memory"):  # where the RSS is: heap freed but kept by malloc, Python objects by type
-        import ctypes
         import gc
 
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
+        from cri_resmgr.heap import release_free_heap
+
+        release_free_heap()
         notes_mem = [f"RSS {rss / 1024:.1f} MB, after malloc_trim {_rss_kib() / 1024:.1f} MB"]
         sizes: dict[str, list[int]] = {}
         for o in gc.get_objects():

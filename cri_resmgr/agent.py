@@ -289,7 +289,7 @@ class Agent:
             try:
                 self.checkpointer.save(self.store, self.state_dir)
                 self._logged_errors.pop("checkpoint", None)
-                release_free_heap()  # the checkpoint's and the last rebalancer round's transient arrays
+                release_free_heap()  # the checkpoint's transient arrays (the rebalancer trims after its rounds)
             except OSError as e:  # a full or read-only disk: counted, retried next interval
                 self.checkpoint_errors_total += 1
                 self.loops["checkpoint"].last_error = f"checkpoint to {self.state_dir} failed: {e}"

@@ -113,3 +113,24 @@ def test_remembered_lines_follow_every_change_like_the_reference():
         ours = e.render()
         assert ours == Exposition(s, direct).render(), step
         assert families(ours.decode()) == families(render(make_registry(StoreCollector(s, direct))).decode()), step
+
+
+def test_a_series_added_while_a_scrape_runs_does_not_hide_the_others():
+    """A collector adds a series (a new column) after the scrape took its plan but before it read the values:
+    the series already planned are all still exported, and the new one with the next scrape."""
+    s = Store()
+    s.append("t", 1, [Sample(M.CPU_BUSY.name, {"cpu": str(i)}, float(i)) for i in range(5)])
+    ex = Exposition(s)
+    ex.render()
+    read = s.latest_vectors
+
+    def racing():
+        s.append("t", 2, [Sample(M.CPU_BUSY.name, {"cpu": str(i)}, float(i)) for i in range(6)])
+        return read()
+
+    s.latest_vectors = racing  # type: ignore[method-assign]
+    text = ex.render().decode()
+    s.latest_vectors = read  # type: ignore[method-assign]
+    busy = [ln for ln in text.splitlines() if ln.startswith(M.CPU_BUSY.name)]
+    assert len(busy) == 5, text
+    assert len([ln for ln in ex.render().decode().splitlines() if ln.startswith(M.CPU_BUSY.name)]) == 6

@@ -40,13 +40,14 @@ def make_agent(tmp_path: Path, **rebalancer) -> Agent:
     return a
 
 
-def feed(agent: Agent, rounds: int = 4) -> None:
-    """Advance every container's CPU usage by 0.9 s per collection and collect."""
+def feed(agent: Agent, rounds: int = 4, usage_step_us: int = 900_000) -> None:
+    """Advance every container's CPU usage by ``usage_step_us`` (0.9 s) per collection (about 1 s apart) and
+    collect."""
     for _ in range(rounds):
         for cid in IDS:
             f = agent.cg / f"kubepods/burstable/pod{UID}/{cid}/cpu.stat"
             text = f.read_text().splitlines()
-            usage = int(text[0].split()[1]) + 900_000
+            usage = int(text[0].split()[1]) + usage_step_us
             f.write_text("\n".join([f"usage_usec {usage}"] + text[1:]) + "\n")
         time.sleep(1.0)
         agent.run_collector_once("cgroup")

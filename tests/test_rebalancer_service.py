@@ -4,7 +4,6 @@ is counted and reported, and a changed input, configuration or a long enough wai
 from __future__ import annotations
 
 import dataclasses
-import time
 
 import pytest
 from fastapi.testclient import TestClient
@@ -14,7 +13,7 @@ from cri_resmgr.rebalancer.service import held, input_change
 from cri_resmgr.rebalancer.signals import Inputs
 from cri_resmgr.web.app import create_app
 
-from .test_rebalancer_api import IDS, UID, make_agent
+from .test_rebalancer_api import feed, make_agent
 
 
 def inputs(n: int = 10, **kw) -> Inputs:
@@ -84,18 +83,6 @@ def test_anything_but_the_signals_must_be_equal(what):
     assert input_change(ins, other, 0.1) is not None
 
 
-def collect(agent, usage_step_us: int, rounds: int = 3) -> None:
-    """Advance every container's CPU usage by ``usage_step_us`` per collection (about 1 s apart) and collect."""
-    for _ in range(rounds):
-        for cid in IDS:
-            f = agent.cg / f"kubepods/burstable/pod{UID}/{cid}/cpu.stat"
-            text = f.read_text().splitlines()
-            usage = int(text[0].split()[1]) + usage_step_us
-            f.write_text("\n".join([f"usage_usec {usage}"] + text[1:]) + "\n")
-        time.sleep(1.0)
-        agent.run_collector_once("cgroup")
-
-
 def rounds_metric(client, result: str) -> float:
     for line in client.get("/metrics").text.splitlines():
         if line.startswith(f'cri_resmgr_rebalancer_rounds_total{{result="{result}"}}'):
@@ -107,7 +94,7 @@ def test_unchanged_round_is_skipped_reported_and_a_change_plans_again(tmp_path):
     a = make_agent(tmp_path, window_seconds=30)
     try:
         svc, c = a.rebalancer, TestClient(create_app(a))
-        collect(a, 900_000)
+        feed(a, rounds=3)
         first = svc.tick()
         assert first is not None and first.error is None and first.plan is not None
         # nothing new collected: the same inputs, nothing planned or recorded
@@ -118,10 +105,10 @@ def test_unchanged_round_is_skipped_reported_and_a_change_plans_again(tmp_path):
         assert st["last"] == first.model_dump(mode="json")
         assert rounds_metric(c, "skipped") == 1 and rounds_metric(c, "planned") == 1
         # the same load collected again: still within the threshold
-        collect(a, 900_000, rounds=2)
+        feed(a, rounds=2)
         assert svc.tick() is None and svc.gate.skipped_total == 2
         # the containers' CPU use drops from 0.9 to about 0.1 CPU: planned again, and recorded
-        collect(a, 100_000, rounds=6)
+        feed(a, rounds=6, usage_step_us=100_000)
         again = svc.tick()
         assert again is not None and again.plan is not None and len(svc.engine.history) == 2
         assert rounds_metric(c, "planned") == 2
@@ -133,7 +120,7 @@ def test_config_change_or_max_skip_plans_again(tmp_path):
     a = make_agent(tmp_path, window_seconds=30)
     try:
         svc = a.rebalancer
-        collect(a, 900_000)
+        feed(a, rounds=3)
         assert svc.tick() is not None and svc.tick() is None
         # a reload with a different rebalancer configuration: planned
         a.config_state.active = a.cfg.model_copy(
@@ -155,7 +142,7 @@ def test_a_failed_round_is_not_skipped(tmp_path):
     a = make_agent(tmp_path, window_seconds=30)
     try:
         svc = a.rebalancer
-        collect(a, 900_000)
+        feed(a, rounds=3)
         assert svc.tick() is not None
         broken = svc.engine.last.model_copy(update={"error": "RuntimeError: boom"})
         svc.engine.history.append(broken)

@@ -605,8 +605,13 @@ class CgroupCollector(Collector):
     @property
     def refresh_cycles(self) -> int:
         """A container whose probe did not change is read in full at least once in this many runs."""
-        cfg = self.cfg
-        return max(1, math.ceil(cfg.idle_refresh_seconds / cfg.interval_seconds - 1e-9))
+        return self.idle_refresh_runs(self.cfg.interval_seconds)
+
+    def idle_refresh_runs(self, interval_seconds: float) -> int:
+        """How many runs, at ``interval_seconds``, fit in ``idle_refresh_seconds``: what a collector reads of an
+        idle container is read at least once in this many runs (1: every run). The perf and rdt collectors use
+        it too."""
+        return max(1, math.ceil(self.cfg.idle_refresh_seconds / interval_seconds - 1e-9))
 
     def discovery(self, root: Path) -> ContainerDiscovery:
         """The shared change-driven discovery of ``root`` (made on first use)."""

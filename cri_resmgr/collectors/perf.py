@@ -24,7 +24,6 @@ import contextlib
 import errno
 import fnmatch
 import logging
-import math
 import os
 import resource
 import threading
@@ -208,7 +207,6 @@ class PerfCollector(Collector):
         self.clock = clock
         self.watched: dict[str, Watched] = {}
         self.skipped: dict[str, Skipped] = {}
-        self.idle_containers = 0  # watched containers whose groups the last run did not read (they did not run)
         self.unsupported: dict[str, str] = {}  # event name -> why
         self.events: list[EventSpec] = []
         self.bad_cpus: set[int] = set()
@@ -523,8 +521,7 @@ class PerfCollector(Collector):
     def refresh_runs(self) -> int:
         """The groups of a container that did not run are read at least once in this many runs: the cgroup
         collector's ``idle_refresh_seconds`` over this collector's interval (1: every run)."""
-        idle = getattr(getattr(self.discovery, "cfg", None), "idle_refresh_seconds", 0.0)
-        return max(1, math.ceil(idle / self.cfg.interval_seconds - 1e-9))
+        return self.discovery.idle_refresh_runs(self.cfg.interval_seconds)
 
     def _idle(self, w: Watched, layout: CgroupLayout, now: float, every: int, n: int) -> bool:
         """Whether the container's tasks did not run since its groups were last read (its CPU usage file says
@@ -542,15 +539,13 @@ class PerfCollector(Collector):
         w.usage, w.read_at = usage, now
         return False
 
-    def _read_all(self, now: float, layout: CgroupLayout | None = None) -> list[Sample]:
+    def _read_all(self, now: float, layout: CgroupLayout) -> list[Sample]:
         samples: list[Sample] = []
         idx_cycles = next((i for i, e in enumerate(self.events) if e.key == "cycles"), None)
         idx_instr = next((i for i, e in enumerate(self.events) if e.key == "instructions"), None)
-        every = self.refresh_runs if layout is not None else 1
-        self.idle_containers = 0
+        every = self.refresh_runs
         for n, w in enumerate(self.watched.values()):
-            if every > 1 and layout is not None and self._idle(w, layout, now, every, n):
-                self.idle_containers += 1
+            if every > 1 and self._idle(w, layout, now, every, n):
                 totals = w.prev_totals or {}
                 lab = w.labels()
                 for ev_i, count in totals.items():

@@ -38,7 +38,6 @@ from __future__ import annotations
 import errno
 import fnmatch
 import logging
-import math
 import os
 import threading
 import time
@@ -209,9 +208,6 @@ class Watch:
             self._bw = [(k, self.bandwidth_key(k)) for k in self.observed]
         return self._bw
 
-    def labels(self) -> dict[str, str]:
-        return self.labels_with("", "")
-
     def labels_with(self, k: str, v: str) -> dict[str, str]:
         lab = self._labels.get((k, v))
         if lab is None:
@@ -248,18 +244,23 @@ class Watch:
             self.gaps = True
         self.last_read = None
 
-    def estimate(self, key: tuple[str, int], now: float) -> float | None:
-        """Bytes over the container's whole observed life: what was seen, scaled by elapsed / watched time
-        when it was not watched all along (as perf scales multiplexed counts by enabled / running)."""
-        seen = self.observed.get(key)
-        if seen is None or self.first_read is None:
-            return None
-        v = float(seen)
-        if self.gaps and self.watched_seconds > 0:
-            v = seen * max(1.0, (now - self.first_read) / self.watched_seconds)
-        v = max(v, self.exported.get(key, 0.0))
-        self.exported[key] = v
-        return v
+    def append_estimates(self, now: float, keys: list[tuple[str, Mapping[str, str]]], values: list[float]) -> None:
+        """The bandwidth series' keys and values: bytes over the container's whole observed life, what was seen
+        scaled by elapsed / watched time when it was not watched all along (as perf scales multiplexed counts by
+        enabled / running), never below what was exported before."""
+        if self.first_read is None or not self.observed:
+            return
+        scale = max(1.0, (now - self.first_read) / self.watched_seconds) if self.gaps and self.watched_seconds > 0 \
+            else 1.0
+        observed, exported = self.observed, self.exported
+        for key, skey in self.bandwidth_items():
+            est = observed[key] * scale
+            e = exported.get(key, 0.0)
+            if est < e:
+                est = e  # kept monotonic
+            exported[key] = est
+            keys.append(skey)
+            values.append(est)
 
 
 def read_small(path: Path) -> str | None:
@@ -481,8 +482,7 @@ class RdtCollector(Collector):
     def refresh_runs(self) -> int:
         """Counters of a group whose container did not run are read at least once in this many runs: the
         cgroup collector's ``idle_refresh_seconds`` over this collector's interval (1: read every run)."""
-        idle = getattr(getattr(self.discovery, "cfg", None), "idle_refresh_seconds", 0.0)
-        return max(1, math.ceil(idle / self.cfg.interval_seconds - 1e-9))
+        return self.discovery.idle_refresh_runs(self.cfg.interval_seconds)
 
     def _usage(self, layout: CgroupLayout, g: MonGroup) -> tuple[str, bytes | None]:
         """The container's CPU usage file (cpuacct.usage, v2 cpu.stat), kept open, and its text now."""
@@ -766,18 +766,7 @@ class RdtCollector(Collector):
             self.read_log.append(log_reads)
         groups = self.groups
         for cid, w in self.watches.items():
-            if w.first_read is not None and w.observed:  # Watch.estimate of each, inline (every watch, every run)
-                scale = max(1.0, (now - w.first_read) / w.watched_seconds) if w.gaps and w.watched_seconds > 0 \
-                    else 1.0
-                observed, exported = w.observed, w.exported
-                for key, skey in w.bandwidth_items():
-                    est = observed[key] * scale
-                    e = exported.get(key, 0.0)
-                    if est < e:
-                        est = e  # kept monotonic
-                    exported[key] = est
-                    keys.append(skey)
-                    values.append(est)
+            w.append_estimates(now, keys, values)
             if w.first_read is not None:
                 keys.append(w.key(M.CONTAINER_RDT_MONITORED_SECONDS.name, "", ""))
                 values.append(w.watched_seconds)
@@ -916,19 +905,6 @@ class RdtCollector(Collector):
     def _last_watched(self, cid: str) -> float:
         w = self.watches.get(cid)
         return w.last_watched if w is not None else float("-inf")
-
-    def read_paths(self, layout: CgroupLayout) -> list[str]:
-        """The files one cycle reads (for the benchmark's C floor): every group's counters and its
-        container's thread list."""
-        out = []
-        domain_ids = [cid for cid, _ in self.domains(self.root)]
-        feats = [f for f in (*MBM_FILES, OCCUPANCY_FILE) if self.info and f in self.info.features]
-        for g in self.groups.values():
-            for cache_id in domain_ids:
-                out += [str(g.path / "mon_data" / f"mon_L3_{cache_id:02d}" / f) for f in feats]
-            rel = g.ident.cgroup_path.strip("/")
-            out.append(str(layout.root / rel / ("cgroup.threads" if layout.version == 2 else "tasks")))
-        return out
 
     def _node_totals(self, width: int) -> list[Sample]:
         """Sums over the CTRL_MON groups (listed by _look, their files kept open)."""

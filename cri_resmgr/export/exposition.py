@@ -23,6 +23,7 @@ if TYPE_CHECKING:  # the relay and the NRI plugin use the writers below without 
     import numpy as np
 
     from ..store import Store
+    from ..store.tsdb import SeriesRef
 
 
 @dataclass(frozen=True)
@@ -110,6 +111,7 @@ class Exposition:
         self.direct = direct
         self._header: dict[str, str] = {}
         self._plan: tuple[int, list[tuple[str, list[_Run]]]] | None = None
+        self._prefix: dict[int, tuple[SeriesRef, str]] = {}  # id(ref) -> (ref, its line's start), across plans
         self._lock = threading.Lock()  # concurrent scrapes: one at a time updates the remembered lines
 
     def _head(self, spec: M.MetricSpec) -> str:
@@ -125,6 +127,8 @@ class Exposition:
         if self._plan is not None and self._plan[0] == store.index_version:
             return self._plan[1]
         version, index = store.versioned_series()
+        if len(self._prefix) > 4 * max(1024, store.series_count):
+            self._prefix.clear()  # series reclaimed: start again
         old = {} if self._plan is None else {(m, r.table, len(r.cols), r.prefixes[0]): r
                                              for m, runs in self._plan[1] for r in runs}
         families = []
@@ -135,7 +139,7 @@ class Exposition:
                 if i == len(refs) or refs[i].table != refs[start].table:
                     part = refs[start:i]
                     cols = np.fromiter((r.col for r in part), dtype=np.int64, count=len(part))
-                    prefixes = [_series_prefix(metric, r.labels) for r in part]
+                    prefixes = [self._prefix_of(metric, r) for r in part]
                     prev = old.get((metric, part[0].table, len(part), prefixes[0]))
                     if prev is not None and prev.prefixes == prefixes and np.array_equal(prev.cols, cols):
                         runs.append(prev)  # (its lines stay good)
@@ -146,6 +150,12 @@ class Exposition:
         self._plan = (version, families)
         return families
 
+    def _prefix_of(self, metric: str, ref: SeriesRef) -> str:
+        got = self._prefix.get(id(ref))
+        if got is None or got[0] is not ref:
+            got = self._prefix[id(ref)] = (ref, _series_prefix(metric, ref.labels))
+        return got[1]
+
     def render(self) -> bytes:
         with self._lock:
             return self._render()
@@ -153,9 +163,12 @@ class Exposition:
     def _render(self) -> bytes:
         import numpy as np
 
+        # The plan before the values: a series added in between is not in the plan yet (shown next scrape),
+        # whereas a plan newer than the values would name columns past their end.
+        families = self._families()
         vectors = self.store.latest_vectors()
         out: list[str] = []
-        for metric, runs in self._families():
+        for metric, runs in families:
             lines: list[str] = []
             for run in runs:
                 vec = vectors.get(run.table)
@@ -169,7 +182,7 @@ class Exposition:
                 have = run.lines
                 changed = None if have is None or run.shown is None else np.flatnonzero(bits != run.shown)
                 # (repr() is the spelling of finite values; format_value() that of NaN and ±Inf)
-                fmt = repr if np.isfinite(vals).all() else _value
+                fmt = repr if np.isfinite(vals).all() else format_value
                 if have is None or changed is None or 2 * len(changed) > len(bits):
                     have = run.lines = [p + fmt(v) for p, v in zip(run.prefixes, vals.tolist(), strict=True)]
                 elif len(changed):
@@ -190,6 +203,3 @@ class Exposition:
         out += [format_family(specs[name], rows) for name, rows in direct.items()]
         return "".join(out).encode()
 
-
-def _value(v: float) -> str:
-    return repr(v) if v == v and v not in (math.inf, -math.inf) else format_value(v)

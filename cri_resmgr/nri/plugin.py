@@ -246,7 +246,7 @@ class Plugin:
             annotations=dict(ctr.annotations), resources=convert.resources_of(ctr.linux.resources))
         call.mark("decode")
         try:
-            res = self.engine.place(creq, defer=call.after)  # its log line once the answer is sent
+            res = self.engine.place(creq)  # its log line runs with the deferred wake-ups
         except InsufficientCpus as e:
             raise RpcError(Code.RESOURCE_EXHAUSTED,
                            f"cri-resmgr: container {pod.namespace}/{pod.name}/{ctr.name}: {e}") from e

@@ -82,7 +82,8 @@ class GcPauses:
     def within(self, t0: float, t1: float) -> float:
         """Seconds of collection inside [t0, t1]."""
         total = 0.0
-        for p in reversed(self.recent):  # a copy is not needed: appended to only with the interpreter held
+        # A copy (atomic): another thread's collection may append while this loop runs between bytecodes.
+        for p in reversed(tuple(self.recent)):
             if p.end <= t0:
                 break
             total += max(0.0, min(p.end, t1) - max(p.start, t0))
@@ -177,12 +178,6 @@ class HookTracer:
         return HookTrace(event, result, wall, cpu_s, runq_s, rest if slept else 0.0, 0.0 if slept else rest,
                          max(0, proc - start.process_cpu_ns - own) / 1e9, self.gc.within(t0, t1),
                          slept, ru.ru_nivcsw - start.involuntary, phases)
-
-    def close_thread(self) -> None:
-        fd: int | None = getattr(self._local, "fd", None)
-        if fd is not None and fd >= 0:
-            os.close(fd)
-        self._local.fd = None
 
 
 def phase_durations(t0: float, marks: list[tuple[str, float]]) -> tuple[tuple[str, float], ...]:

@@ -227,6 +227,10 @@ class Engine:
     def _wake(self, kind: str, fn: Callable[[], None]) -> None:
         with self._lock:
             self._wakeups[kind] += 1
+        self._later(fn)
+
+    def _later(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` now, or once the front end's answer is sent when it defers this thread's wake-ups."""
         pending: list[Callable[[], None]] | None = getattr(self._deferring, "wakes", None)
         if pending is None:
             fn()
@@ -309,12 +313,11 @@ class Engine:
         return self.alloc.shared_placement(taken.all), Kind.SHARED
 
     # -- create -------------------------------------------------------------------------------------
-    def place(self, req: ContainerRequest, refresh_exits: bool = True,
-              defer: Callable[[Callable[[], None]], None] | None = None) -> Reservation:
+    def place(self, req: ContainerRequest, refresh_exits: bool = True) -> Reservation:
         """Choose CPUs for a container about to be created and reserve them. Raises InsufficientCpus (with
         ``refresh_exits`` only after asking the runtime whether exclusive holders have exited meanwhile;
-        without it, the caller never waits on the runtime). ``defer`` when given runs the log line once the
-        front end has sent the request on (a log record costs ~0.2 ms when the interpreter's caches are cold)."""
+        without it, the caller never waits on the runtime). Its log line is deferred with the wake-ups
+        (:meth:`deferring`): a log record costs ~0.2 ms when the interpreter's caches are cold."""
         with self._lock:
             pod = self.cache.pods.get(req.pod_id)
             parent = req.cgroup_parent or (pod.cgroup_parent if pod else "")
@@ -344,10 +347,7 @@ class Engine:
             self._pending[r.token] = r
         args = (c.namespace, c.pod_name, c.name, c.qos_class or "no QoS", c.cpu_request_milli, kind, c.cpus, c.mems,
                 p.reason)
-        if defer is None:
-            log.info("place %s/%s/%s (%s, %dm): %s cpus %s mems %s (%s)", *args)
-        else:
-            defer(lambda: log.info("place %s/%s/%s (%s, %dm): %s cpus %s mems %s (%s)", *args))
+        self._later(lambda: log.info("place %s/%s/%s (%s, %dm): %s cpus %s mems %s (%s)", *args))
         return r
 
     def _refresh_exits(self, timeout: float = 1.0) -> bool:
@@ -376,17 +376,15 @@ class Engine:
         return bool(released)
 
     def commit(self, r: Reservation, container_id: str = "", resources_blob: str = "",
-               defer: Callable[[Callable[[], None]], None] | None = None,
                later: Callable[[Callable[[], None]], None] | None = None) -> None:
         """The runtime did what the reservation says (created the container, or applied the resize).
 
-        The books change at once. Waking the engine's threads (save, pool worker, controllers) goes through
-        ``defer`` when given: the relay runs it once the runtime's answer is on its way to kubelet, since those
-        threads would otherwise take the interpreter from the event loop while it forwards that answer. Waking
-        the pool worker and the persist thread goes (then) through ``later`` when given: the relay wakes them a
-        few ms later, so that the shared containers' updates (a runtime process each) and the save (~1 ms of
-        JSON, two fsyncs) do not compete with kubelet for the CPUs while it takes the answer, and a burst of
-        creates shares one round of them. A start that needs the pool does not wait for that: it wakes the
+        The books change at once, and the engine's threads are woken (the relay commits once the runtime's
+        answer is on its way to kubelet; NRI defers them with :meth:`deferring`). Waking the pool worker and
+        the persist thread goes through ``later`` when given: the relay wakes them a few ms later, so that the
+        shared containers' updates (a runtime process each) and the save (~1 ms of JSON, two fsyncs) do not
+        compete with kubelet for the CPUs while it takes the answer, and a burst of creates shares one round of
+        them. A start that needs the pool does not wait for that: it wakes the
         worker at once (``_wait``)."""
         created: ContainerContext | None = None
         with self._lock:
@@ -412,10 +410,7 @@ class Engine:
                     # The pool is unchanged, unless an exclusive reservation came or went since place().
                     pool_changed = self._desired(c, self._pool()) != c.cpu_set
             self._changed.notify_all()
-        if defer is None:
-            self._committed(created, pool_changed, later)
-        else:
-            defer(lambda: self._committed(created, pool_changed, later))
+        self._committed(created, pool_changed, later)
 
     def _committed(self, created: ContainerContext | None, pool_changed: bool = True,
                    later: Callable[[Callable[[], None]], None] | None = None) -> None:
@@ -1068,6 +1063,8 @@ class Engine:
             self._persist_wake.clear()
             if self._stop.is_set():
                 return
+            if not self._dirty.is_set() and not self._lazy_dirty:
+                continue  # a wake-up whose change the last save already took
             if not self._dirty.is_set():
                 self._dirty.wait(LAZY_SAVE_SECONDS)  # a lazy change: saved at the tick, or with a save-now
             self._dirty.clear()

@@ -91,8 +91,7 @@ class Handler:
         if ex.code != OK:
             self.engine.abort(ctx.reservation)
         elif ex.rewritten:
-            self.engine.commit(ctx.reservation, container_id, ctx.resources_blob, defer=self.fe.after_reply,
-                               later=self.fe.pool_soon)
+            self.engine.commit(ctx.reservation, container_id, ctx.resources_blob, later=self.fe.pool_soon)
         else:
             self.engine.commit_unplaced(ctx.reservation, container_id, ctx.original_cpus)
 
@@ -136,7 +135,11 @@ class CreateContainer(Handler):
             if ex.code is not None:
                 return None  # the call ended (client gone) while waiting for a worker
             try:
-                r = self.engine.place(creq, refresh_exits=not inline, defer=self.fe.after_forward)
+                with self.engine.deferring() as run:  # the log line (and wake-ups) once the request is sent
+                    try:
+                        r = self.engine.place(creq, refresh_exits=not inline)
+                    finally:
+                        self.fe.after_forward(run)
             except InsufficientCpus as e:
                 if inline:
                     return IN_WORKER  # nothing reserved: the worker places it again, asking the runtime first
@@ -298,38 +301,28 @@ class CriFrontEnd(Hooks, EngineControl):
             h.complete(ex)
 
     @staticmethod
-    def after_forward(fn: Callable[[], None]) -> None:
+    def _on_loop(fn: Callable[[], None], delay: float = 0.0) -> None:
+        """Run ``fn`` on the event loop once the current callback is done (``delay`` seconds later); elsewhere
+        (a worker thread, a handler called directly) at once."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            fn()
+            return
+        if delay:
+            loop.call_later(delay, fn)
+        else:
+            loop.call_soon(fn)
+
+    def after_forward(self, fn: Callable[[], None]) -> None:
         """Run ``fn`` once the request being rewritten has been handed to the runtime's socket: a rewrite on the
-        event loop runs while the proxy holds the request, and the event loop runs ``fn`` right after it is
-        sent; elsewhere (a worker thread, a handler called directly) at once."""
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            fn()
-            return
-        loop.call_soon(fn)
+        event loop runs while the proxy holds the request, and the loop runs ``fn`` right after it is sent."""
+        self._on_loop(fn)
 
-    @staticmethod
-    def pool_soon(fn: Callable[[], None]) -> None:
+    def pool_soon(self, fn: Callable[[], None]) -> None:
         """Wake the pool worker and the persist thread after a create ``POOL_GRACE_SECONDS`` later (see
-        ``Engine.commit``'s ``later``); off the event loop at once."""
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            fn()
-            return
-        loop.call_later(POOL_GRACE_SECONDS, fn)
-
-    @staticmethod
-    def after_reply(fn: Callable[[], None]) -> None:
-        """Run ``fn`` once the answer of the call being completed has been handed to the client's socket: a
-        completion runs while the proxy holds that answer, and the event loop runs ``fn`` right after."""
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:  # not on the event loop (a handler called directly)
-            fn()
-            return
-        loop.call_soon(fn)
+        ``Engine.commit``'s ``later``)."""
+        self._on_loop(fn, POOL_GRACE_SECONDS)
 
     def take_context(self, ex: Exchange) -> CallContext | None:
         with self.exchange_lock:

@@ -6,8 +6,8 @@ blocks (compressed, see ``tsdb.Block``), each stored either in the manifest itse
 ``store.seg-<id>.npz`` written by an earlier checkpoint. A sealed block never changes, so a :class:`Checkpointer`
 that keeps running writes each block once, into the segment of the first checkpoint after it was sealed: a
 checkpoint costs what was sealed since the last one plus the hot tail, not the whole retention. Keys are encoded
-again only when a table's series changed. :func:`save` (and a new :class:`Checkpointer`) writes every block into
-the manifest.
+again only when a table's series changed. :func:`save` writes every block into the manifest; a new
+:class:`Checkpointer`'s first checkpoint writes every block into its segment.
 
 Every file goes to a temporary name in the same directory, is fsync'ed, then renamed; segments before the manifest
 that names them, and segments no manifest names any more are removed only after the new manifest is in place. A
@@ -132,8 +132,8 @@ class Checkpointer:
     def __init__(self, segments: bool = True) -> None:
         self.segments = segments
         self._lock = threading.Lock()
-        # id(block) -> (block, segment file name, array prefix): the block is held so that its id is not reused
-        self._on_disk: dict[int, tuple[Block, str, str]] = {}
+        # block (hashed by identity) -> (segment file name, array prefix) of the blocks that live in a segment
+        self._on_disk: dict[Block, tuple[str, str]] = {}
         # table name -> (table, keys_version, encoded keys)
         self._keys: dict[str, tuple[Table, int, np.ndarray]] = {}
         self.last = SaveStats()
@@ -144,10 +144,8 @@ class Checkpointer:
 
     def _keys_of(self, tab: Table, version: int, keys: list | None) -> np.ndarray:
         """The encoded keys of a table; ``keys`` is None when ``version`` is the one cached."""
-        cached = self._keys.get(tab.name)
-        if keys is None and cached is not None:
-            return cached[2]
-        assert keys is not None
+        if keys is None:  # (decided under the store's lock with the cache entry in hand)
+            return self._keys[tab.name][2]
         arr = np.frombuffer(encode_keys(keys), dtype=np.uint8)
         self._keys[tab.name] = (tab, version, arr)
         self.last.keys_encoded += 1
@@ -160,11 +158,11 @@ class Checkpointer:
         segment: dict[str, np.ndarray] = {}  # the blocks sealed since the last checkpoint
         seg_name = f"{SEGMENT_PREFIX}{time.time_ns():x}.npz" if self.segments else ""
         tables: list[dict] = []
-        placed: dict[int, tuple[Block, str, str]] = {}
+        placed: dict[Block, tuple[str, str]] = {}
         # A segment removed behind our back (another writer's full checkpoint, an operator): its blocks again.
-        gone = {seg for seg in {v[1] for v in self._on_disk.values()} if not (state_dir / seg).exists()}
+        gone = {seg for seg in {v[0] for v in self._on_disk.values()} if not (state_dir / seg).exists()}
         if gone:
-            self._on_disk = {k: v for k, v in self._on_disk.items() if v[1] not in gone}
+            self._on_disk = {k: v for k, v in self._on_disk.items() if v[0] not in gone}
         snap = []
         with store.lock:  # copies of the hot rows and state; blocks are immutable
             for tab in store.tables.values():
@@ -176,9 +174,9 @@ class Checkpointer:
         for i, (tab, capacity, seq, version, keys, sealed, hot_ts, hot_vals, state) in enumerate(snap):
             blocks = []
             for j, b in enumerate(sealed):  # (expired blocks are dropped as rows are written)
-                where = self._on_disk.get(id(b))
-                if where is not None and where[0] is b:
-                    _, seg, prefix = where
+                where = self._on_disk.get(b)
+                if where is not None:
+                    seg, prefix = where
                     bm = b.to_arrays(prefix)[1]  # (arrays are views: only the small meta is built)
                     stats.blocks_kept += 1
                 else:
@@ -186,7 +184,8 @@ class Checkpointer:
                     arr, bm = b.to_arrays(prefix)
                     (segment if seg else arrays).update(arr)
                     stats.blocks_written += 1
-                placed[id(b)] = (b, seg, prefix)
+                if seg:
+                    placed[b] = (seg, prefix)
                 blocks.append({**bm, "seg": seg or None, "prefix": prefix})
             arrays[f"t{i}_hot_ts"] = hot_ts
             arrays[f"t{i}_hot_vals"] = hot_vals
@@ -201,8 +200,8 @@ class Checkpointer:
         stats.bytes_written += _write_npz(path, arrays)
         _fsync_dir(state_dir)
         # The manifest is in place: the segments it names are what is on disk; the others can go.
-        self._on_disk = {k: v for k, v in placed.items() if v[1]}
-        keep = {v[1] for v in self._on_disk.values()}
+        self._on_disk = placed
+        keep = {v[0] for v in placed.values()}
         for f in state_dir.glob(f"{SEGMENT_PREFIX}*.npz"):
             if f.name not in keep:
                 f.unlink(missing_ok=True)
@@ -217,10 +216,10 @@ class Checkpointer:
                 future_tolerance_seconds: float = 5.0) -> RestoreResult:
         """:func:`restore`, remembering the restored blocks' segments (kept by the next checkpoints)."""
         with self._lock:
-            placed: dict[int, tuple[Block, str, str]] = {}
+            placed: dict[Block, tuple[str, str]] = {}
             res = restore(store, state_dir, interval_of, now, future_tolerance_seconds, placed=placed)
             if res.restored:
-                self._on_disk = {k: v for k, v in placed.items() if v[1]}
+                self._on_disk = placed
             return res
 
 
@@ -231,12 +230,12 @@ def save(store: Store, state_dir: Path) -> Path:
 
 def restore(store: Store, state_dir: Path, interval_of=lambda table: 1.0, now: float | None = None,
             future_tolerance_seconds: float = 5.0,
-            placed: dict[int, tuple[Block, str, str]] | None = None) -> RestoreResult:
+            placed: dict[Block, tuple[str, str]] | None = None) -> RestoreResult:
     """Load a checkpoint into an empty store. Never raises on a bad file, whatever is wrong with it (torn,
     flipped bytes, wrong types or shapes, a file that is not a checkpoint): reports it and moves it aside, so
     the agent starts. Rows from after ``now`` (+ tolerance: the wall clock was set back since the checkpoint
     was written) are dropped and reported: appending after them would be refused as out of order.
-    ``placed`` receives id(block) -> (block, segment name or "", array prefix) for every restored block."""
+    ``placed`` receives block -> (segment name, array prefix) for every restored block that lives in a segment."""
     path = Path(state_dir) / FILENAME
     try:
         if not path.exists():
@@ -265,7 +264,7 @@ def restore(store: Store, state_dir: Path, interval_of=lambda table: 1.0, now: f
 def _segment(state_dir: Path, name, segments: dict[str, dict]) -> dict:
     """The arrays of a segment a manifest names (loaded once per restore)."""
     if not (isinstance(name, str) and name.startswith(SEGMENT_PREFIX) and name.endswith(".npz")
-            and "/" not in name and name not in (".", "..")):
+            and "/" not in name):
         raise ValueError(f"a block names the segment {name!r}, not a checkpoint segment's name")
     if name not in segments:
         with np.load(state_dir / name, allow_pickle=False) as z:
@@ -315,7 +314,8 @@ def _load_table(store: Store, tm: dict, i: int, loaded: dict, cap: int, state_di
         if not isinstance(prefix, str):
             raise ValueError(f"table {tm['name']!r}: block {j} has the prefix {prefix!r}")
         b = Block.from_arrays(loaded if seg is None else _segment(state_dir, seg, segments), prefix, bm)
-        placed[id(b)] = (b, seg or "", prefix)
+        if seg is not None:
+            placed[b] = (seg, prefix)
         blocks.append(b)
     state = {name: loaded[f"t{i}_{name}"] for name in Table.STATE}
     return store.restore_table(tm["name"], cap, keys, int(tm["seq"]), blocks, loaded[f"t{i}_hot_ts"],
