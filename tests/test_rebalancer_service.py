@@ -64,12 +64,20 @@ def test_a_signal_not_measured_holds_its_last_value_and_a_first_measurement_is_a
     assert input_change(ref, changed(inputs(), 4, memory_bandwidth_bytes_per_second=5e9), 0.1) is not None
 
 
-def test_budgeted_signals_read_as_zero_hold_but_cpu_use_dropping_to_zero_is_a_change():
+def test_budgeted_signals_not_measured_hold_but_cpu_use_dropping_to_zero_is_a_change():
     ins = inputs()
-    unwatched = changed(ins, 2, llc_occupancy_bytes=0.0)  # its RDT group rotated out for this window
+    unwatched = changed(ins, 2, llc_occupancy_bytes=None)  # its RDT group rotated out for this window
     assert input_change(ins, unwatched, 0.1) is None
     assert held(ins, unwatched).containers[2].llc_occupancy_bytes == 1e6
     assert input_change(ins, changed(ins, 2, cpu_usage=0.0), 0.1) is not None
+
+
+def test_a_budgeted_signal_measured_at_zero_is_a_change():
+    """A container whose LLC misses were measured and drop to a measured 0 (it stopped thrashing) has changed:
+    only a value not measured (None) holds the last one."""
+    ins = inputs(llc_misses_per_second=3e8)
+    assert input_change(ins, changed(ins, 2, llc_misses_per_second=0.0), 0.1) is not None
+    assert input_change(ins, changed(ins, 2, llc_misses_per_second=None), 0.1) is None
 
 
 @pytest.mark.parametrize("what", ["cpuset", "new container", "gone", "annotation", "signals"])

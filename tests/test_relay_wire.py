@@ -12,6 +12,7 @@ from google.protobuf.message import DecodeError
 from cri_resmgr.relay import wire
 from cri_resmgr.relay.core import RT
 
+from . import protowire as pw
 from .test_placement_engine import node  # noqa: F401 (fixture)
 from .test_relay_handlers import OK, exchange, fe, finish, run_pod  # noqa: F401 (fixture)
 
@@ -23,14 +24,14 @@ def unknown(rng: random.Random) -> bytes:
         n = rng.randint(1000, 5000)
         kind = rng.choice(("varint", "len", "i32", "i64"))
         if kind == "varint":
-            out += wire.varint(n << 3 | wire.VARINT) + wire.varint(rng.randint(0, 1 << 40))
+            out += pw.varint(n << 3 | pw.VARINT) + pw.varint(rng.randint(0, 1 << 40))
         elif kind == "len":
             data = rng.randbytes(rng.randint(0, 40))
-            out += wire.varint(n << 3 | wire.LEN) + wire.varint(len(data)) + data
+            out += pw.varint(n << 3 | pw.LEN) + pw.varint(len(data)) + data
         elif kind == "i32":
-            out += wire.varint(n << 3 | wire.I32) + rng.randbytes(4)
+            out += pw.varint(n << 3 | pw.I32) + rng.randbytes(4)
         else:
-            out += wire.varint(n << 3 | wire.I64) + rng.randbytes(8)
+            out += pw.varint(n << 3 | pw.I64) + rng.randbytes(8)
     return out
 
 
@@ -114,7 +115,7 @@ def test_fields_out_of_order_read_and_rewrite_as_protobuf_does():
     rng = random.Random(7)
     msg = random_request(rng, p_unknown=1.0)
     parts = {f.number: msg.SerializeToString(deterministic=True)[f.start:f.end]
-             for f in wire.fields(msg.SerializeToString(deterministic=True)) if f.number <= 3}
+             for f in pw.fields(msg.SerializeToString(deterministic=True)) if f.number <= 3}
     raw = parts[3] + parts.get(2, b"") + parts[1]  # sandbox_config, config, pod id: valid, not canonical
     out, _res = wire.set_cpuset(wire.parse_create(raw), "3", "0")
     want = reference(raw, "3", "0")[0]

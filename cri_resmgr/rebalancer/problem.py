@@ -63,9 +63,9 @@ class ContainerInput:
     namespace: str = ""
     pod: str = ""
     avx512_ratio: float = 0.0  # share of context switches with 512-bit state in use (avx512 collector)
-    llc_misses_per_second: float = 0.0
+    llc_misses_per_second: float | None = None  # None: not measured in the window (perf budget): counts as 0
     memory_bandwidth_bytes_per_second: float | None = None  # None: estimated from LLC misses
-    llc_occupancy_bytes: float = 0.0
+    llc_occupancy_bytes: float | None = None  # None: not measured in the window (RDT rotation): counts as 0
     annotations: Mapping[str, str] = field(default_factory=dict)
     exclusive: bool | None = None  # None: derived (Guaranteed with a pinned cpuset)
     last_moved: float | None = None  # wall-clock time of the last move applied to it
@@ -87,7 +87,7 @@ class ContainerInput:
     def bandwidth(self) -> float:
         if self.memory_bandwidth_bytes_per_second is not None:
             return self.memory_bandwidth_bytes_per_second
-        return self.llc_misses_per_second * CACHE_LINE_BYTES
+        return (self.llc_misses_per_second or 0.0) * CACHE_LINE_BYTES
 
     def is_exclusive(self, online: frozenset[int]) -> bool:
         if self.exclusive is not None:
@@ -464,7 +464,8 @@ class Problem:
                 sens *= cfg.latency_critical_factor
             demand = max(u, c.cpu_request)
             X[i] = (demand, u if avx else 0.0, 0.0 if avx else u * sens,
-                    demand if c.latency_critical else 0.0, max(0.0, c.bandwidth()), max(0.0, c.llc_occupancy_bytes))
+                    demand if c.latency_critical else 0.0, max(0.0, c.bandwidth()),
+                    max(0.0, c.llc_occupancy_bytes or 0.0))
             need[i] = max(1, math.ceil(c.cpu_request - 1e-9))
         return cls(node, cfg, cs, X, usage, S0, pool, cand, movable, reason, need, current, notes)
 

@@ -65,10 +65,6 @@ class _Metadata:
 # instead of the value (a container going from 0.001 to 0.002 CPUs has doubled, and nothing has changed).
 SIGNAL_FLOORS = {"cpu_usage": 1.0, "cpu_request": 1.0, "avx512_ratio": 0.1, "llc_misses_per_second": 1e6,
                  "memory_bandwidth_bytes_per_second": 1e9, "llc_occupancy_bytes": float(8 << 20)}
-# Signals measured on a budget (RDT monitoring groups rotate when RMIDs run short; perf counters go to the
-# busiest containers first): read_inputs reports 0 for a container not watched in the window, so a drop to
-# exactly 0 is a missing measurement, like None, and holds the last value measured (what the container still does).
-BUDGETED_SIGNALS = frozenset({"llc_occupancy_bytes", "llc_misses_per_second"})
 # Everything else a container input holds (identity, cpuset, QoS, annotations, when it last moved) must be equal.
 _EXACT = tuple(f.name for f in fields(ContainerInput) if f.name not in SIGNAL_FLOORS)
 
@@ -84,7 +80,7 @@ def input_change(old: Inputs, new: Inputs, threshold: float) -> str | None:
     container's value moves by more than ``threshold`` of max(|old|, its floor), or when the sum of every
     container's moves exceeds ``threshold`` of max(the signal's old total, its floor): many small drifts add up.
     A value that ``new`` lacks (None: not measured in the window, as when RDT monitoring rotates through more
-    containers than it has RMIDs; 0 for :data:`BUDGETED_SIGNALS`) is no change: the last one measured holds
+    containers than it has RMIDs or perf counters go to the busiest first) is no change: the last one measured holds
     (:func:`held`). A value measured for the first time is."""
     if old.missing != new.missing or old.high_priority_cpus != new.high_priority_cpus:
         return "the signals available changed"
@@ -98,7 +94,7 @@ def input_change(old: Inputs, new: Inputs, threshold: float) -> str | None:
         moved = total = 0.0
         for a, b in zip(old.containers, new.containers, strict=True):
             x, y = getattr(a, name), getattr(b, name)
-            if y is None or (y == 0 and name in BUDGETED_SIGNALS):
+            if y is None:
                 continue
             if x is None:
                 return f"{name} of {b.id[:12]}: measured for the first time"
@@ -112,13 +108,9 @@ def input_change(old: Inputs, new: Inputs, threshold: float) -> str | None:
     return None
 
 
-def _missing(name: str, value: float | None) -> bool:
-    return value is None or (value == 0 and name in BUDGETED_SIGNALS)
-
-
 def held(old: Inputs | None, new: Inputs) -> Inputs:
-    """``new`` with each signal it lacks (None, or 0 for :data:`BUDGETED_SIGNALS`) taken from the same container
-    in ``old``: the reference the next rounds are compared with."""
+    """``new`` with each signal it lacks (None: not measured in the window) taken from the same container in
+    ``old``: the reference the next rounds are compared with."""
     if old is None:
         return new
     before = {c.id: c for c in old.containers}
@@ -126,7 +118,7 @@ def held(old: Inputs | None, new: Inputs) -> Inputs:
     for c in new.containers:
         o = before.get(c.id)
         fill = {} if o is None else {name: getattr(o, name) for name in SIGNAL_FLOORS
-                                     if _missing(name, getattr(c, name)) and not _missing(name, getattr(o, name))}
+                                     if getattr(c, name) is None and getattr(o, name) is not None}
         out.append(replace(c, **fill) if fill else c)
     return Inputs(out, new.missing, new.high_priority_cpus)
 

@@ -29,25 +29,15 @@ deterministic serialisation) the result is byte for byte what protobuf writes (d
 parsing the whole request and setting the two fields; ``tests/test_relay_wire.py`` holds it to that, with
 protobuf as the reference, unknown fields included. Any other request gives a message that protobuf reads as
 the same request (fields out of order keep their order; a repeated ``config`` is merged, as protobuf does).
-:func:`fields` and :func:`varint` read and write the wire format by hand, for tests that build such requests.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from cri_api.v1 import api_pb2 as pb
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
-
-# Wire types (encoding guide, "Message Structure")
-VARINT, I64, LEN, SGROUP, EGROUP, I32 = 0, 1, 2, 3, 4, 5
-CREATE_CONFIG = 2  # CreateContainerRequest.config (cri-api pkg/apis/runtime/v1/api.proto)
-
-
-class WireError(ValueError):
-    """Not a message this module handles exactly as protobuf would: use protobuf."""
 
 
 def _view_classes() -> tuple[type, type]:
@@ -83,61 +73,6 @@ assert all(_SELF_CHECK[f.name] == (f.number, f.type)
            for v in (CreateRequestTop, CreateRequestView) for f in v.DESCRIPTOR.fields)
 assert all(pb.PodSandboxConfig.DESCRIPTOR.fields_by_name[f.name].number == f.number
            for f in CreateRequestView.DESCRIPTOR.fields_by_name["sandbox_config"].message_type.fields)
-
-
-def read_varint(buf: bytes, pos: int, end: int) -> tuple[int, int]:
-    result = shift = 0
-    while pos < end and shift < 64:
-        b = buf[pos]
-        pos += 1
-        result |= (b & 0x7F) << shift
-        if b < 0x80:
-            return result, pos
-        shift += 7
-    raise WireError("truncated or overlong varint")
-
-
-def varint(n: int) -> bytes:
-    out = bytearray()
-    while n > 0x7F:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
-@dataclass(frozen=True)
-class Field:
-    number: int
-    wire_type: int
-    start: int  # the tag's first byte
-    value_start: int  # LEN: the payload's first byte (after the length)
-    end: int
-
-
-def fields(buf: bytes) -> Iterator[Field]:
-    """The top-level fields of message ``buf``, in wire order."""
-    pos, end = 0, len(buf)
-    while pos < end:
-        tag, vpos = read_varint(buf, pos, end)
-        number, wt = tag >> 3, tag & 7
-        if number == 0:
-            raise WireError("field number 0")
-        if wt == VARINT:
-            _, nxt = read_varint(buf, vpos, end)
-        elif wt == LEN:
-            n, vpos = read_varint(buf, vpos, end)
-            nxt = vpos + n
-        elif wt == I64:
-            nxt = vpos + 8
-        elif wt == I32:
-            nxt = vpos + 4
-        else:
-            raise WireError(f"wire type {wt} (groups) not handled")
-        if nxt > end:
-            raise WireError(f"field {number} runs past the message")
-        yield Field(number, wt, pos, vpos, nxt)
-        pos = nxt
 
 
 class PodAnnotations(Mapping[str, str]):
