@@ -19,7 +19,12 @@ client). Then, with a few pods running so that ListContainers has something to s
 Needs root, containerd, runc and busybox-static (``make test`` installs them).
 
     .venv/bin/python bench/relay_bench.py [--calls 2000] [--lifecycles 30] [--phases 1,2,3,4]
-        [--cache-containers 500] [--creates 30] [--settle-ms 150]
+        [--cache-containers 500] [--creates 30] [--settle-ms 150] [--relay-src DIR] [--no-naive]
+
+``--relay-src DIR`` (repeatable) adds, in phases 1 and 2, a relay run from another source tree (e.g.
+``git archive 635e824 | tar -x -C /tmp/relay-old``) as target "alt1" ("alt2", ...), in front of the same
+containerd and interleaved with the others in the same rounds, so that versions of the relay are compared on
+the same machine at the same moment. In every round the targets take turns at going first.
 """
 
 from __future__ import annotations
@@ -81,12 +86,14 @@ def pct(xs: list[float], q: float) -> float:
 
 
 def interleaved(stubs: dict[str, object], call, n: int) -> dict[str, list[float]]:
-    lat = {k: [] for k in stubs}
+    lat: dict[str, list[float]] = {k: [] for k in stubs}
     for _ in range(20):
         for s in stubs.values():
             call(s)
-    for _ in range(n):
-        for k, s in stubs.items():
+    order = list(stubs.items())
+    for i in range(n):
+        r = i % len(order)
+        for k, s in order[r:] + order[:r]:  # each target first, second, ... in turn
             t0 = time.perf_counter()
             call(s)
             lat[k].append(time.perf_counter() - t0)
@@ -101,6 +108,10 @@ def report(title: str, lat: dict[str, list[float]]) -> None:
         extra = "" if k == "direct" else \
             f"   added p50 {1e3 * (p50 - base50):+.3f} ms  p99 {1e3 * (p99 - base99):+.3f} ms"
         print(f"    {k:7s} p50 {1e3 * p50:7.3f} ms  p99 {1e3 * p99:7.3f} ms{extra}")
+    r50, r99 = pct(lat["relay"], 0.5), pct(lat["relay"], 0.99)
+    for k in (k for k in lat if k.startswith("alt")):
+        a50, a99 = pct(lat[k], 0.5), pct(lat[k], 0.99)
+        print(f"    relay - {k}: p50 {1e3 * (r50 - a50):+.3f} ms  p99 {1e3 * (r99 - a99):+.3f} ms")
 
 
 def unary_rounds(stubs, n: int) -> None:
@@ -218,6 +229,9 @@ def main() -> int:
     ap.add_argument("--creates", type=int, default=30)
     ap.add_argument("--settle-ms", type=float, default=150.0,
                     help="phase 4: pause before each create, so that each meets an idle runtime and relay")
+    ap.add_argument("--relay-src", type=Path, action="append", default=[],
+                    help="phases 1-2: also a relay run from this source tree (targets alt1, alt2, ...), interleaved")
+    ap.add_argument("--no-naive", action="store_true", help="phases 1-2: leave out the naive grpcio relay")
     args = ap.parse_args()
     phases = {int(x) for x in args.phases.split(",") if x}
     reason = missing_prerequisites()
@@ -228,18 +242,25 @@ def main() -> int:
     cd = Containerd(base / "cd")
     procs: list[subprocess.Popen] = []
     relay = agent = None
+    alts: list[RelayProcess] = []
     kubes: list[Kubelet] = []
     try:
         cd.start()
         cd.import_images()
         # The relay as deployed: the default reconcile interval (the test harness reconciles every 0.5 s).
         relay = RelayProcess(base / "relay", cd.socket, {"relay": {"reconcile_interval_seconds": 5.0}}).start()
-        naive_sock = base / "naive.sock"
-        naive = subprocess.Popen([sys.executable, "-c", NAIVE, str(cd.socket), str(naive_sock)],
-                                 stdout=subprocess.PIPE, text=True)
-        procs.append(naive)
-        naive.stdout.readline()
-        targets = {"direct": cd.socket, "relay": relay.socket, "naive": naive_sock}
+        targets = {"direct": cd.socket, "relay": relay.socket}
+        if not args.no_naive:
+            naive_sock = base / "naive.sock"
+            naive = subprocess.Popen([sys.executable, "-c", NAIVE, str(cd.socket), str(naive_sock)],
+                                     stdout=subprocess.PIPE, text=True)
+            procs.append(naive)
+            naive.stdout.readline()
+            targets["naive"] = naive_sock
+        for i, src in enumerate(args.relay_src, 1):
+            alts.append(RelayProcess(base / f"relay-alt{i}", cd.socket, {"relay": {"reconcile_interval_seconds": 5.0}},
+                                     src=src).start())
+            targets[f"alt{i}"] = alts[-1].socket
         chans = {k: grpc.insecure_channel(f"unix://{p}") for k, p in targets.items()}
         stubs = {k: pbg.RuntimeServiceStub(c) for k, c in chans.items()}
 
@@ -249,7 +270,8 @@ def main() -> int:
             bg.run_container(bg.run_pod(PodSpec(f"background-{i}")), container_config("app", cpu_milli_request=50))
 
         print(f"relay bench: containerd {bg.c.runtime.Version(pb.VersionRequest()).runtime_version}, "
-              f"5 pods running, {args.calls} calls per target, interleaved (direct, relay, naive grpcio relay)")
+              f"5 pods running, {args.calls} calls per target, interleaved ({', '.join(targets)})"
+              + "".join(f"; alt{i} = relay from {src}" for i, src in enumerate(args.relay_src, 1)))
         if 1 in phases:
             print("1. idle node")
             unary_rounds(stubs, args.calls)
@@ -297,6 +319,8 @@ def main() -> int:
             agent.stop()
         if relay is not None:
             relay.stop()
+        for a in alts:
+            a.stop()
         for p in procs:
             p.kill()
             p.wait()

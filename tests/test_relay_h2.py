@@ -13,6 +13,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import cast
 
 import h2.config
 import h2.connection
@@ -93,8 +94,7 @@ class UpstreamProtocol(asyncio.Protocol):
         self.paths: dict[int, str] = {}
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.t = transport
+        self.t = cast(asyncio.Transport, transport)  # uvloop's transports do not subclass asyncio's
         self.conn.initiate_connection()
         self.t.write(self.conn.data_to_send())
 
@@ -227,9 +227,14 @@ def wait_for(cond, timeout: float = 5) -> None:
         time.sleep(0.005)
 
 
-@pytest.fixture
-def proxy(tmp_path):
-    loop = asyncio.new_event_loop()
+@pytest.fixture(params=["asyncio", "uvloop"])
+def proxy(request, tmp_path):
+    # Each test on asyncio's loop and on uvloop's, the one the relay process runs on (server.event_loop_factory).
+    if request.param == "uvloop":
+        uvloop = pytest.importorskip("uvloop")
+        loop = uvloop.new_event_loop()
+    else:
+        loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
     up, hooks, resets = Upstream(), TestHooks(), []

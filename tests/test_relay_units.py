@@ -18,6 +18,7 @@ from cri_resmgr.placement.estimate import (
     qos_from_cgroup_parent,
 )
 from cri_resmgr.placement.persist import load_cache, write_whole
+from cri_resmgr.relay import h2proxy as h2p
 from cri_resmgr.relay.h2proxy import (
     DATA,
     F_END_STREAM,
@@ -194,3 +195,67 @@ def test_rewrite_timings_travel_as_json_and_come_back_as_they_were(tmp_path):
         server.stop(grace=0)
     assert len(got["CreateContainer"]) == 1000 and got["CreateContainer"][-1] == t  # the last 1,000 kept
     assert got["other"] == [RewriteTiming(headers=3.0)]  # invented methods share one label
+
+
+class _Sink:
+    """A transport that keeps every write as its own chunk."""
+
+    def __init__(self) -> None:
+        self.writes: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        self.writes.append(bytes(data))
+
+    def is_closing(self) -> bool:
+        return False
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+    def close(self) -> None:
+        pass
+
+
+class _Counting(h2p.Hooks):
+    def __init__(self) -> None:
+        self.ended: list[tuple[str, int]] = []
+
+    def finished(self, method: str, code: int, seconds: float) -> None:
+        self.ended.append((method, code))
+
+
+def _pair() -> tuple[h2p.Pair, _Sink, _Sink, _Counting]:
+    hooks = _Counting()
+    proxy = h2p.Proxy("/nonexistent", hooks, executor=None)  # type: ignore[arg-type]
+    client, upstream = _Sink(), _Sink()
+    pair = h2p.Pair(proxy, client)  # type: ignore[arg-type]
+    pair.upstream = upstream  # type: ignore[assignment]
+    return pair, client, upstream, hooks
+
+
+def test_pass_through_frames_go_out_byte_for_byte_in_one_write_per_read():
+    """A read carrying the preface, SETTINGS, a call (HEADERS, padded DATA), PING, WINDOW_UPDATE and RST_STREAM
+    of another stream reaches the runtime exactly as it came, in one write; so does the runtime's answer (with
+    its SETTINGS, a PING ACK, the response and trailers), and the call is counted with its status."""
+    enc = hpack.Encoder()
+    req = enc.encode([(":method", "POST"), (":scheme", "http"), (":path", "/runtime.v1.RuntimeService/Version"),
+                      (":authority", "x"), ("content-type", "application/grpc"), ("grpc-timeout", "1999876u")])
+    body = b"\x00\x00\x00\x00\x02\x0a\x00"
+    c2s = (h2p.PREFACE + h2p.frame(h2p.SETTINGS, 0, 0, b"\x00\x01\x00\x00\x10\x00")
+           + h2p.frame(h2p.HEADERS, h2p.F_END_HEADERS, 1, req)
+           + h2p.frame(h2p.DATA, h2p.F_END_STREAM | h2p.F_PADDED, 1, b"\x03" + body + b"\x00\x00\x00")
+           + h2p.frame(h2p.PING, 0, 0, b"12345678") + h2p.frame(h2p.WINDOW_UPDATE, 0, 0, b"\x00\x00\x01\x00")
+           + h2p.frame(h2p.RST_STREAM, 0, 3, b"\x00\x00\x00\x08"))
+    pair, client, upstream, hooks = _pair()
+    pair.from_client(c2s[:40])  # a read may end inside a frame: the rest waits for the next one
+    pair.from_client(c2s[40:])
+    assert b"".join(upstream.writes) == c2s and len(upstream.writes) == 2
+    enc_s = hpack.Encoder()
+    resp = enc_s.encode([(":status", "200"), ("content-type", "application/grpc")])
+    trailers = enc_s.encode([("grpc-status", "0")])
+    s2c = (h2p.frame(h2p.SETTINGS, 0, 0, b"") + h2p.frame(h2p.PING, h2p.F_ACK, 0, b"12345678")
+           + h2p.frame(h2p.HEADERS, h2p.F_END_HEADERS, 1, resp) + h2p.frame(h2p.DATA, 0, 1, body)
+           + h2p.frame(h2p.HEADERS, h2p.F_END_HEADERS | h2p.F_END_STREAM, 1, trailers))
+    pair.from_upstream(s2c)
+    assert client.writes == [s2c]
+    assert hooks.ended == [("/runtime.v1.RuntimeService/Version", 0)]

@@ -52,9 +52,11 @@ from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import cast
 
 import grpc
 import hpack
+from hpack.table import HeaderTable
 
 log = logging.getLogger(__name__)
 
@@ -261,15 +263,25 @@ def _data_body(flags: int, payload: bytes) -> bytes:
     return payload
 
 
+_STATIC = HeaderTable.STATIC_TABLE  # RFC 7541 Appendix A: index 1 is _STATIC[0]
+_STATIC_ENTRIES = len(_STATIC)
+
+
 def decode_block(decoder: hpack.Decoder, block: bytes) -> list[tuple[bytes, bytes]]:
     """Decode a header block. Fast path: when every byte is a one-byte "indexed header field"
     (RFC 7541 §6.1: high bit set, index 1-126), the block only reads the tables and changes nothing, so
     plain lookups give the same result as the full decoder. Repeated gRPC calls send exactly such blocks
     once their headers are in the dynamic table."""
     if block and min(block) > 0x80 and max(block) < 0xFF:
-        get = decoder.header_table.get_by_index
-        return [get(b & 0x7F) for b in block]
+        dynamic = decoder.header_table.dynamic_entries
+        if max(block) & 0x7F <= _STATIC_ENTRIES + len(dynamic):  # else the decoder names the bad index
+            return [_STATIC[i] if i < _STATIC_ENTRIES else dynamic[i - _STATIC_ENTRIES]
+                    for i in [(b & 0x7F) - 1 for b in block]]
     return [(bytes(k), bytes(v)) for k, v in decoder.decode(block, raw=True)]
+
+
+# A frame's 9-byte header (RFC 9113 §4.1): 24-bit length (as 16 + 8 bits), type, flags, R bit + 31-bit stream id.
+_frame_head = struct.Struct(">HBBBI").unpack_from
 
 
 def _setting(payload: bytes, wanted: int) -> int | None:
@@ -357,28 +369,34 @@ class Pair:
         self._c2s_back = back
         buf = d.buf
         pos = 0
+        # Frames forwarded as they are stay in ``buf`` and go out as one slice, buf[run:pos]; a frame handled
+        # otherwise first puts the run before it into ``out`` (order kept), and the run starts after it.
+        run = 0
         if d.preface_left:
             take = min(d.preface_left, len(buf))
-            out.append(bytes(buf[:take]))
             d.preface_left -= take
             pos = take
         n = len(buf)
         while n - pos >= 9:
-            length = int.from_bytes(buf[pos:pos + 3], "big")
+            hi, lo, ftype, flags, sid = _frame_head(buf, pos)
+            length = hi << 8 | lo
             end = pos + 9 + length
             if end > n:
                 break
-            ftype, flags = buf[pos + 3], buf[pos + 4]
-            sid = int.from_bytes(buf[pos + 5:pos + 9], "big") & 0x7FFFFFFF
+            sid &= 0x7FFFFFFF
             if ftype == DATA:
                 st = self.streams.get(sid)
                 if st is None and sid in self.dropped:
+                    if pos > run:
+                        out.append(bytes(buf[run:pos]))
+                    run = end
                     self._credit += length  # never forwarded: the client's connection window gets the bytes back
                     if flags & F_END_STREAM:
                         self.dropped.discard(sid)
-                elif st is None or (st.mode is Mode.PASS and not self.hooks.dumping):
-                    self._send_data(sid, bytes(buf[pos:end]), length)
-                elif st.mode is Mode.REWRITE and not st.req_done:
+                elif st is not None and st.mode is Mode.REWRITE and not st.req_done:
+                    if pos > run:
+                        out.append(bytes(buf[run:pos]))
+                    run = end
                     st.held_size += length
                     if st.held_size > self.proxy.max_held_message:
                         self._reset_held(st, flags & F_END_STREAM == 0)
@@ -396,32 +414,48 @@ class Pair:
                         st.req_done = True
                         self._submit_rewrite(st)
                 else:
-                    st.req += _data_body(flags, bytes(buf[pos + 9:end]))
-                    self._send_data(sid, bytes(buf[pos:end]), length)
-                    if flags & F_END_STREAM:
-                        st.req_done = True
+                    if st is not None and (st.mode is not Mode.PASS or self.hooks.dumping):
+                        st.req += _data_body(flags, bytes(buf[pos + 9:end]))
+                        if flags & F_END_STREAM:
+                            st.req_done = True
+                    w = self.up_streams.get(sid, self.up_initial)
+                    if self.blocked or length > self.up_conn or length > w:  # may have to wait: _send_data
+                        if pos > run:
+                            out.append(bytes(buf[run:pos]))
+                        run = end
+                        self._send_data(sid, bytes(buf[pos:end]), length)
+                    else:  # within the runtime's windows: it stays in the run (as _send_data would send it)
+                        self.up_conn -= length
+                        if sid in self.up_streams:
+                            self.up_streams[sid] = w - length
+            elif ftype == HEADERS and flags & F_END_HEADERS and sid not in self.streams and not d.block:
+                # The usual case, a new call's whole header block in one frame: it stays in the run.
+                self._request_headers(sid, decode_block(d.decoder, _fragment(ftype, flags, bytes(buf[pos + 9:end]))),
+                                      bool(flags & F_END_STREAM))
             elif ftype in (HEADERS, CONTINUATION):
+                if pos > run:
+                    out.append(bytes(buf[run:pos]))
+                run = end
                 if not self._header_frame(d, ftype, flags, sid, bytes(buf[pos:end]), out, self._request_headers):
                     self._c2s_out, self._forward_stamps = None, []
                     self._flush_back()
                     self._goaway_client("request header block larger than "
                                         f"{self.proxy.max_header_block} bytes")
                     return
-            elif ftype == RST_STREAM:
-                out.append(bytes(buf[pos:end]))
+            elif ftype == RST_STREAM:  # forwarded in the run; what it ends writes only to the client
                 self._drop_blocked(sid)
                 st = self.streams.get(sid)
                 if st is not None:
                     st.held = []
                     self._finish(st, status(S.CANCELLED), "cancelled by the client")
-            else:
-                if ftype == SETTINGS and not flags & F_ACK:
-                    size = _setting(bytes(buf[pos + 9:end]), SETTINGS_HEADER_TABLE_SIZE)
-                    if size is not None:
-                        # The client's decoder limit bounds the runtime's encoder: our s2c decoder follows.
-                        self.s2c.decoder.max_allowed_table_size = size
-                out.append(bytes(buf[pos:end]))
+            elif ftype == SETTINGS and not flags & F_ACK:
+                size = _setting(bytes(buf[pos + 9:end]), SETTINGS_HEADER_TABLE_SIZE)
+                if size is not None:
+                    # The client's decoder limit bounds the runtime's encoder: our s2c decoder follows.
+                    self.s2c.decoder.max_allowed_table_size = size
             pos = end
+        if pos > run:
+            out.append(bytes(buf[run:pos]))
         del buf[:pos]
         self._c2s_out = None
         if out:
@@ -524,20 +558,27 @@ class Pair:
         self._s2c_out = out
         buf = d.buf
         pos = 0
+        run = 0  # as in from_client: frames forwarded as they are go out as one slice, buf[run:pos]
         n = len(buf)
         while n - pos >= 9:
-            length = int.from_bytes(buf[pos:pos + 3], "big")
+            hi, lo, ftype, flags, sid = _frame_head(buf, pos)
+            length = hi << 8 | lo
             end = pos + 9 + length
             if end > n:
                 break
-            ftype, flags = buf[pos + 3], buf[pos + 4]
-            sid = int.from_bytes(buf[pos + 5:pos + 9], "big") & 0x7FFFFFFF
+            sid &= 0x7FFFFFFF
             if ftype == DATA:
                 st = self.streams.get(sid)
                 if st is not None and (st.mode is not Mode.PASS or self.hooks.dumping):
                     st.resp += _data_body(flags, bytes(buf[pos + 9:end]))
-                out.append(bytes(buf[pos:end]))
+            elif ftype == HEADERS and flags & F_END_HEADERS and not d.block:
+                # The usual case, a whole header block in one frame: it stays in the run.
+                self._response_headers(sid, decode_block(d.decoder, _fragment(ftype, flags, bytes(buf[pos + 9:end]))),
+                                       bool(flags & F_END_STREAM))
             elif ftype in (HEADERS, CONTINUATION):
+                if pos > run:
+                    out.append(bytes(buf[run:pos]))
+                run = end
                 if not self._header_frame(d, ftype, flags, sid, bytes(buf[pos:end]), out, self._response_headers):
                     self._s2c_out = None
                     self._report_ended()
@@ -548,41 +589,39 @@ class Pair:
                 if sid == 0:
                     self.up_conn += inc
                     take = min(inc, self.debt)
-                    if take:
+                    if take:  # the part the proxy already gave the client is not passed on
+                        if pos > run:
+                            out.append(bytes(buf[run:pos]))
+                        run = end
                         self.debt -= take
                         if inc - take:
                             out.append(frame(WINDOW_UPDATE, 0, 0, (inc - take).to_bytes(4, "big")))
-                    else:
-                        out.append(bytes(buf[pos:end]))
-                else:
-                    if sid in self.up_streams:
-                        self.up_streams[sid] += inc
-                    out.append(bytes(buf[pos:end]))
+                elif sid in self.up_streams:
+                    self.up_streams[sid] += inc
                 if self.blocked:
-                    self._flush_blocked()
+                    self._flush_blocked()  # writes to the runtime, not into ``out``
             elif ftype == RST_STREAM:
-                out.append(bytes(buf[pos:end]))
                 st = self.streams.get(sid)
                 if st is not None:
                     err = int.from_bytes(buf[pos + 9:pos + 13], "big")
                     self._finish(st, status(_RST_TO_GRPC.get(err, S.INTERNAL)),
                                  f"stream reset by the runtime (HTTP/2 error {err})")
-            else:
-                if ftype == SETTINGS and not flags & F_ACK:
-                    payload = bytes(buf[pos + 9:end])
-                    size = _setting(payload, SETTINGS_HEADER_TABLE_SIZE)
-                    if size is not None:
-                        self.c2s.decoder.max_allowed_table_size = size
-                    window = _setting(payload, SETTINGS_INITIAL_WINDOW_SIZE)
-                    if window is not None:
-                        # A new initial window changes every open stream's window by the difference (§6.9.2).
-                        delta, self.up_initial = window - self.up_initial, window
-                        for k in self.up_streams:
-                            self.up_streams[k] += delta
-                        if self.blocked:
-                            self._flush_blocked()
-                out.append(bytes(buf[pos:end]))
+            elif ftype == SETTINGS and not flags & F_ACK:
+                payload = bytes(buf[pos + 9:end])
+                size = _setting(payload, SETTINGS_HEADER_TABLE_SIZE)
+                if size is not None:
+                    self.c2s.decoder.max_allowed_table_size = size
+                window = _setting(payload, SETTINGS_INITIAL_WINDOW_SIZE)
+                if window is not None:
+                    # A new initial window changes every open stream's window by the difference (§6.9.2).
+                    delta, self.up_initial = window - self.up_initial, window
+                    for k in self.up_streams:
+                        self.up_streams[k] += delta
+                    if self.blocked:
+                        self._flush_blocked()
             pos = end
+        if pos > run:
+            out.append(bytes(buf[run:pos]))
         del buf[:pos]
         self._s2c_out = None
         if out:
@@ -830,8 +869,8 @@ class _ClientProtocol(asyncio.Protocol):
         self.early: list[bytes] = []  # client bytes received before the runtime connection settled
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # A stream transport: asyncio's, or uvloop's (which implements the interface without subclassing it).
+        self.transport = transport = cast(asyncio.Transport, transport)
         self.pair = Pair(self.proxy, transport)
         self.proxy.loop.create_task(self._connect())
 
@@ -893,7 +932,7 @@ class _UpstreamProtocol(asyncio.Protocol):
         self.client = client
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
+        transport = cast(asyncio.Transport, transport)  # see _ClientProtocol.connection_made
         self.pair.upstream = transport
         self.pair.proxy.upstream_up()
         if self.pair.closed:
@@ -942,12 +981,12 @@ class _ErrorResponder:
         out = []
         n = len(buf)
         while n - pos >= 9:
-            length = int.from_bytes(buf[pos:pos + 3], "big")
+            hi, lo, ftype, flags, sid = _frame_head(buf, pos)
+            length = hi << 8 | lo
             end = pos + 9 + length
             if end > n:
                 break
-            ftype, flags = buf[pos + 3], buf[pos + 4]
-            sid = int.from_bytes(buf[pos + 5:pos + 9], "big") & 0x7FFFFFFF
+            sid &= 0x7FFFFFFF
             payload = bytes(buf[pos + 9:end])
             if ftype == SETTINGS and not flags & F_ACK:
                 out.append(frame(SETTINGS, F_ACK, 0))
@@ -1017,7 +1056,7 @@ class Proxy:
         self.max_header_block, self.max_held_message = max_header_block, max_held_message
         self.count_reset = on_reset  # (reason) for every stream or connection the proxy ends itself
         self._loop: asyncio.AbstractEventLoop | None = None
-        self.server: asyncio.base_events.Server | None = None
+        self.server: asyncio.AbstractServer | None = None
         self._up: bool | None = None
 
     async def start(self, path: str) -> None:

@@ -42,11 +42,14 @@ from .core import CriFrontEnd
 from .dump import Dumper
 from .h2proxy import Hooks, Proxy
 from .runtime import CriRuntime, RuntimeClient, cri_methods, untested_runtime
+from .scheduling import request_slice
 from .stats import RelayStats
 
 log = logging.getLogger("cri_resmgr.relay")
 
 LOCK_NAME = "cri-resmgr-relay.lock"
+# The event-loop thread's scheduler slice (EEVDF): about one wake-up's work (bench/relay_bench.py phase 2).
+EVENT_LOOP_SLICE_NS = 200_000
 CONTROL_NAME = "relay-control.sock"
 
 
@@ -211,6 +214,11 @@ class RelayProcess:
         # event loop, back from a socket write, waited up to a whole turn (default 5 ms) for it. Shorter turns
         # keep forwarding ahead of that bookkeeping (bench/relay_bench.py phase 4).
         sys.setswitchinterval(0.001)
+        # The event loop asks for short scheduler slices: woken by a call, it runs before the task it finds on
+        # the CPU has used up its own slice (see scheduling.py).
+        got = request_slice(EVENT_LOOP_SLICE_NS)
+        log.info("event loop scheduler slice: %s", f"{got.slice_ns / 1e6:g} ms" if not got.error else
+                 f"unchanged ({got.error})")
         log.info("relay listening on %s -> %s (control %s)", self.rc.socket, self.rc.runtime_socket,
                  self.control_path)
         if ready is not None:
@@ -246,11 +254,28 @@ class _PassThrough(Hooks):
         self.relay.finished(method, code, seconds)
 
 
+def event_loop_factory() -> tuple[Callable[[], asyncio.AbstractEventLoop], str]:
+    """The relay's event loop: uvloop's (libuv, in C) when it is installed, else asyncio's own.
+
+    Every forwarded call wakes the loop twice (the request, the answer); asyncio's selector loop spends its
+    wake-ups in Python. With uvloop the relay's CPU per pass-through Version call went from ~190 to ~140 µs
+    of user time here (bench/relay_bench.py, docs/relay.md). Probed at start, not at import: the proxy runs
+    on either (tests drive it on asyncio's)."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop, "asyncio"
+    return uvloop.new_event_loop, f"uvloop {uvloop.__version__}"
+
+
 def run(cfg: Config, reload_config: Callable[[], Config] | None = None) -> int:
     proc = RelayProcess(cfg, reload_config)
     try:
         proc.prepare()
-        asyncio.run(proc.serve())
+        factory, name = event_loop_factory()
+        log.info("event loop: %s", name)
+        with asyncio.Runner(loop_factory=factory) as runner:
+            runner.run(proc.serve())
         return 0
     except StartupError as e:
         print(f"cri-resmgr relay: {e}", file=sys.stderr, flush=True)

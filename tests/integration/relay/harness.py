@@ -20,8 +20,12 @@ from ..helpers import CGROUP_ROOT, _merge, stop_process
 
 
 class RelayProcess:
-    def __init__(self, tmp: Path, runtime_socket: Path, config: dict | None = None, name: str = "relay"):
+    def __init__(self, tmp: Path, runtime_socket: Path, config: dict | None = None, name: str = "relay",
+                 src: Path | None = None):
+        """``src``: run the relay from another source tree (a ``git archive`` of an older commit: the benchmark
+        sets two versions side by side) instead of the one installed in the venv."""
         self.tmp = Path(tmp)
+        self.src = Path(src).resolve() if src is not None else None
         self.tmp.mkdir(parents=True, exist_ok=True)
         self.socket = self.tmp / f"{name}.sock"
         self.control = self.tmp / "run" / "relay-control.sock"
@@ -37,9 +41,13 @@ class RelayProcess:
     def start(self, wait: bool = True, timeout: float = 30) -> RelayProcess:
         with open(self.log_path, "ab") as log:  # the relay keeps its own descriptor
             self._offset = log.tell()  # log() shows this run only
+            env = None
+            if self.src is not None:  # sys.path (PYTHONPATH) comes before the venv's editable-install finder
+                env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+                    [str(self.src)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])}
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "cri_resmgr.cli", "relay", "--config", str(self.config_path)],
-                stdout=log, stderr=subprocess.STDOUT)
+                stdout=log, stderr=subprocess.STDOUT, env=env, cwd=self.src)
         if wait:
             self.wait_ready(timeout)
         return self
