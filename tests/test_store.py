@@ -273,3 +273,39 @@ def test_matrix_rate_equals_per_series_and_handles_reset():
     for c in range(2):
         np.testing.assert_allclose(M[:, c], rate(ts, V[:, c], times, 5.0))
     assert (M >= 0).all()
+
+
+def test_window_by_label_sums_what_query_range_gives_per_series():
+    """The rebalancer's vector read: per container, the sum over its series of query_range's one value for the
+    window (rates with a counter reset and gaps, averages), series without the label or the value left out."""
+    from cri_resmgr.store.query import Matcher, window_by_label
+
+    rng = np.random.default_rng(4)
+    s = Store(retention_seconds=3600)
+    counts = {}
+    for r in range(200):
+        t = 1000.0 + 2 * r
+        samples = []
+        for c in range(12):
+            for cache in ("0", "1"):
+                lab = {"container_id": f"c{c}", "cache_id": cache, "scope": "total" if c % 3 else "local"}
+                if c == 5 and r % 4 == 1:
+                    continue  # gaps
+                k = (c, cache)
+                counts[k] = 0.0 if (c == 7 and r == 150) else counts.get(k, 0.0) + float(rng.integers(0, 1000))
+                samples.append(Sample("bytes_total", lab, counts[k]))
+                samples.append(Sample("occupancy", lab, float(rng.integers(0, 1 << 20))))
+        samples.append(Sample("bytes_total", {"cache_id": "0"}, float(r)))  # no container_id
+        s.append("rdt", t, samples, 2.0)
+    now = 1000.0 + 2 * 199
+    for metric, fn, matchers in (("bytes_total", "rate", []), ("bytes_total", "rate", [Matcher("scope", "=", "total")]),
+                                 ("occupancy", "raw", []), ("absent", "raw", [])):
+        _, series = query_range(s, metric, matchers, now, now, 60.0, agg="avg", fn=fn)
+        expect: dict[str, float] = {}
+        for sr in series:
+            cid, v = sr.labels.get("container_id"), float(sr.values[-1])
+            if cid and not np.isnan(v):
+                expect[cid] = expect.get(cid, 0.0) + v
+        got = window_by_label(s, metric, matchers, now, 60.0, fn)
+        assert got == pytest.approx(expect, rel=1e-12), (metric, matchers)
+        assert (len(got) > 0) == (metric != "absent")

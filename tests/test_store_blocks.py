@@ -62,7 +62,7 @@ def test_decimal_series_are_delta_coded_and_come_back_bit_for_bit():
         np.where(np.arange(n) % 2 == 0, -0.0, 0.0),             # -0.0 cannot come back from an integer
         2.0 ** 60 + np.arange(n) * 2.0 ** 10,                   # beyond 2**53: not delta-coded
         np.cumsum(rng.integers(0, 100, n)) / 1e3,               # milli
-        np.r_[np.arange(n - 1, dtype=float), np.nan],           # a gap: XOR
+        np.r_[np.arange(n - 1, dtype=float), np.nan],           # a gap: in the bitmap, delta-coded
         np.arange(n) * 0.1,                                     # not k/10**d exactly for any d tried
     ]
     V = np.stack(cols, axis=1)
@@ -74,7 +74,8 @@ def test_decimal_series_are_delta_coded_and_come_back_bit_for_bit():
         assert np.array_equal(bits(out[0]), bits(V[:, c])), c
     mode = [b.groups[g][3] if g >= 0 else _XOR for g in b.gid]
     assert mode[0] == 9 and mode[1] == 6 and mode[7] == 3 and mode[3] == mode[4] == 0, mode  # [2]: either
-    assert mode[5] == mode[6] == mode[8] == _XOR, mode
+    assert mode[5] == mode[6] == _XOR and mode[8] == 0, mode
+    assert b.gapcols.tolist() == [8]
     assert b.width_of(0) <= 4 and b.width_of(1) <= 3 and b.width_of(4) == 0
     # and a block round-trips through its checkpoint form
     arrays, meta = b.to_arrays("x_")

@@ -74,9 +74,18 @@ class Block:
     from µs or ns counters, bytes, counts), is coded instead as the steps of k less the smallest step, when
     that is narrower: a steady counter then costs nothing, CPU seconds about three bytes. Every choice is
     checked at encode time to come back bit for bit. Timestamps, shared by all columns, are kept as they are.
+    A column with gaps (NaN: not written in some rows, as a container's RDT series while RMIDs rotate) is coded
+    with each gap holding the value before it (or after it, at the start), and the gaps kept as a bitmap of the
+    rows (``gapcols``, ``gapbits``: a bit a row), so that a gauge that is either its value or absent costs its
+    bitmap instead of two XOR bytes a row. Only the NaN Python and numpy write (``np.nan``'s bits) is coded so;
+    a column holding another NaN keeps its XOR coding, which is exact for any bits.
+    Per column a block keeps its first value (8 bytes), its group (1 byte, 2 past 127 groups) and its place in the
+    group (2 bytes, 4 past 65,536 columns); a delta-coded column also its smallest step (``base``, 8 bytes, held
+    per group: ``base[boff[g] + pos]``).
     """
 
-    __slots__ = ("seq0", "n", "t_first", "t_last", "ncols", "ts", "first", "gid", "pos", "groups", "base")
+    __slots__ = ("seq0", "n", "t_first", "t_last", "ncols", "ts", "first", "gid", "pos", "groups", "base", "boff",
+                 "gapcols", "gapbits")
 
     def __init__(self, seq0: int, ts: np.ndarray, vals: np.ndarray):
         if not np.little_endian:  # pragma: no cover - x86 and arm64 hosts are little-endian
@@ -86,11 +95,13 @@ class Block:
         self.ts = np.array(ts, dtype=np.float64)
         self.t_first, self.t_last = float(self.ts[0]), float(self.ts[-1])
         self.ncols = vals.shape[1]
-        self.first, self.gid, self.pos, self.groups, self.base = _encode(vals)
+        filled, self.gapcols, self.gapbits = _fill_gaps(vals)
+        self.first, gid, pos, self.groups, base = _encode(filled)
+        self.gid, self.pos, self.base, self.boff = _narrow(gid, pos, base, self.groups)
 
     def nbytes(self) -> int:
         return (self.ts.nbytes + self.first.nbytes + self.gid.nbytes + self.pos.nbytes + self.base.nbytes
-                + sum(g[2].nbytes for g in self.groups))
+                + self.gapcols.nbytes + self.gapbits.nbytes + sum(g[2].nbytes for g in self.groups))
 
     def width_of(self, col: int) -> int:
         """Bytes kept per row for a column (0: constant over the block, or never written)."""
@@ -109,11 +120,13 @@ class Block:
         inside = cols < self.ncols
         if inside.all():
             _decode(self, cols, out)
+            _ungap(self, cols, out)
         else:
             out[:] = np.nan
             if inside.any():
                 tmp = np.empty((int(inside.sum()), self.n))
                 _decode(self, cols[inside], tmp)
+                _ungap(self, cols[inside], tmp)
                 out[inside] = tmp
 
     # -- checkpoint form: flat arrays plus a little JSON ---------------------------------------------
@@ -122,8 +135,11 @@ class Block:
                   f"{prefix}pos": self.pos, f"{prefix}base": self.base}
         for g, (_, _, planes, _) in enumerate(self.groups):
             arrays[f"{prefix}g{g}"] = planes
-        meta = {"seq0": self.seq0, "n": self.n, "ncols": self.ncols,
+        meta = {"seq0": self.seq0, "n": self.n, "ncols": self.ncols, "base": "groups",
                 "groups": [[int(s), int(w), int(mode)] for s, w, _, mode in self.groups]}
+        if len(self.gapcols):
+            arrays[f"{prefix}gapcols"], arrays[f"{prefix}gapbits"] = self.gapcols, self.gapbits
+            meta["gaps"] = True
         return arrays, meta
 
     @classmethod
@@ -135,9 +151,11 @@ class Block:
         b.first, b.gid, b.pos, b.base = (np.asarray(arrays[f"{prefix}{k}"]) for k in ("first", "gid", "pos", "base"))
         if b.n < 1 or b.ts.shape != (b.n,) or b.ts.dtype != np.float64:
             raise ValueError(f"block {prefix}: {b.ts.shape} timestamps for {b.n} rows")
-        if not (b.first.shape == b.gid.shape == b.pos.shape == b.base.shape == (b.ncols,)) \
+        per_group = meta.get("base") == "groups"  # (format 3: a base for every column)
+        if not (b.first.shape == b.gid.shape == b.pos.shape == (b.ncols,)) or b.base.ndim != 1 \
+                or (not per_group and b.base.shape != (b.ncols,)) \
                 or b.first.dtype != np.uint64 or b.base.dtype != np.int64 \
-                or b.gid.dtype != np.int16 or b.pos.dtype != np.int32:
+                or b.gid.dtype not in (np.int8, np.int16) or b.pos.dtype not in (np.uint16, np.int32):
             raise ValueError(f"block {prefix}: column arrays do not match {b.ncols} columns")
         b.groups = []
         for g, (s, w, mode) in enumerate(meta["groups"]):
@@ -153,12 +171,101 @@ class Block:
             b.groups.append((int(s), int(w), planes, int(mode)))
         if (b.gid >= len(b.groups)).any() or (b.gid < -1).any():
             raise ValueError(f"block {prefix}: a column names a group that does not exist")
+        if per_group:
+            b.boff = _base_offsets(b.groups)
+            if len(b.base) != sum(len(g[2]) for g in b.groups if g[3] != _XOR):
+                raise ValueError(f"block {prefix}: {len(b.base)} steps for the delta-coded columns")
+        else:
+            b.gid, b.pos, b.base, b.boff = _narrow(b.gid, b.pos, b.base, b.groups)
+        if meta.get("gaps"):
+            b.gapcols, b.gapbits = np.asarray(arrays[f"{prefix}gapcols"]), np.asarray(arrays[f"{prefix}gapbits"])
+            k = len(b.gapcols)
+            if b.gapcols.dtype != np.int32 or b.gapcols.shape != (k,) or b.gapbits.dtype != np.uint8 \
+                    or b.gapbits.shape != (k, (b.n + 7) // 8) or (k and not (
+                        b.gapcols[0] >= 0 and b.gapcols[-1] < b.ncols and (np.diff(b.gapcols) > 0).all())):
+                raise ValueError(f"block {prefix}: gap bitmap of shape {b.gapbits.shape} for columns "
+                                 f"{b.gapcols.shape} does not fit {b.ncols} columns of {b.n} rows")
+        else:
+            b.gapcols, b.gapbits = _no_gaps(b.n)
         b.t_first, b.t_last = float(b.ts[0]), float(b.ts[-1])
         return b
 
 
 SCALES = (0, 3, 6, 9)  # decimal digits tried for the delta coding: integers, milli, micro, nano
 _XOR = -1
+
+
+_NAN_BITS = np.array([np.nan]).view(np.uint64)[0]  # the NaN np.nan and float("nan") are
+
+
+def _base_offsets(groups) -> list[int]:
+    """Per group, where its members' steps start in a block's ``base`` (-1 for an XOR group: none)."""
+    out, off = [], 0
+    for g in groups:
+        if g[3] == _XOR:
+            out.append(-1)
+        else:
+            out.append(off)
+            off += len(g[2])
+    return out
+
+
+def _narrow(gid: np.ndarray, pos: np.ndarray, base: np.ndarray, groups):
+    """A block's per-column arrays as kept: ``gid`` and ``pos`` in the narrowest type that holds them, ``base``
+    only for the delta-coded columns, group by group in the order of their positions (ascending columns)."""
+    gid = gid.astype(np.int8 if len(groups) <= 127 else np.int16)
+    pos = pos.astype(np.uint16 if len(pos) <= 65536 else np.int32)
+    delta = [np.flatnonzero(gid == g) for g, grp in enumerate(groups) if grp[3] != _XOR]
+    base = np.concatenate([base[c] for c in delta]) if delta else np.zeros(0, dtype=np.int64)
+    return gid, pos, base.astype(np.int64), _base_offsets(groups)
+
+
+def _no_gaps(n: int) -> tuple[np.ndarray, np.ndarray]:
+    return np.zeros(0, dtype=np.int32), np.zeros((0, (n + 7) // 8), dtype=np.uint8)
+
+
+def _fill_gaps(vals: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``vals`` (rows × columns) with the gaps of each column that has some (NaN rows, with values in others,
+    every NaN the one of ``np.nan``) holding the value before them (the first value, before the first); those
+    columns (ascending) and their gaps' rows as bits (``np.packbits`` per column: row r is bit 7 - r % 8 of byte
+    r // 8). ``vals`` itself when there are none."""
+    nan = np.isnan(vals)
+    n = len(vals)
+    cols = np.flatnonzero(nan.any(axis=0) & ~nan.all(axis=0))
+    if len(cols) == 0:
+        return vals, *_no_gaps(n)
+    sub = vals[:, cols]
+    holes = nan[:, cols]
+    odd = (holes & (sub.view(np.uint64) != _NAN_BITS)).any(axis=0)  # another NaN: its bits are kept by XOR
+    if odd.any():
+        cols, sub, holes = cols[~odd], sub[:, ~odd], holes[:, ~odd]
+        if len(cols) == 0:
+            return vals, *_no_gaps(n)
+    sub[0] = sub[np.argmax(~holes, axis=0), np.arange(len(cols))]  # before the first value: the first value
+    for r in range(1, n):  # (a row at a time: a few dozen vector copies, cheaper than index arithmetic)
+        np.copyto(sub[r], sub[r - 1], where=holes[r])
+    filled = np.array(vals, dtype=np.float64, order="C")
+    filled[:, cols] = sub
+    return filled, cols.astype(np.int32), np.packbits(holes.T, axis=1)
+
+
+def _ungap(b: Block, cols: np.ndarray, out: np.ndarray) -> None:
+    """NaN back into the gaps of the columns ``cols`` (all < b.ncols) decoded into ``out`` (len(cols) × n)."""
+    gc = b.gapcols
+    if len(gc) == 0:
+        return
+    at = np.searchsorted(gc, cols)
+    at[at >= len(gc)] = 0
+    hit = np.flatnonzero(gc[at] == cols)
+    if len(hit) == 0:
+        return
+    holes = np.unpackbits(b.gapbits[at[hit]], axis=1, count=b.n).astype(bool)
+    if len(hit) == len(cols):
+        out[holes] = np.nan
+    else:
+        sub = out[hit]
+        sub[holes] = np.nan
+        out[hit] = sub
 
 
 def _trim(u: np.ndarray):
@@ -292,7 +399,7 @@ def _decode_one(b: Block, col: int, out: np.ndarray) -> None:
     if group[3] == _XOR:
         np.bitwise_xor.accumulate(x, out=x)
     else:
-        _undelta(x, b.base[col], group[3], out)
+        _undelta(x, b.base[b.boff[g] + int(b.pos[col])], group[3], out)
 
 
 def _decode(b: Block, cols: np.ndarray, out: np.ndarray) -> None:
@@ -316,7 +423,7 @@ def _decode(b: Block, cols: np.ndarray, out: np.ndarray) -> None:
             sel: np.ndarray | slice = slice(None) if len(rows) == k else rows
             _place(x, xb, sel, group, group[2][b.pos[cols[sel]]])
             if group[3] != _XOR:
-                deltas.append((sel, group[3], b.base[cols[sel]]))
+                deltas.append((sel, group[3], b.base[b.boff[g] + b.pos[cols[sel]].astype(np.int64)]))
                 xor_rows[sel] = False
     # The groups own disjoint rows: each is finished on its own.
     if xor_rows.all():
@@ -333,13 +440,84 @@ def _decode(b: Block, cols: np.ndarray, out: np.ndarray) -> None:
             out[sel] = v
 
 
+
+MERGE_CHUNK_VALUES = 1 << 18  # values decoded at a time when blocks are merged (2 MiB of float64)
+
+
+def merge_blocks(blocks: Sequence[Block], ncols: int) -> Block:
+    """One block holding the rows of ``blocks`` (consecutive, oldest first) for columns ``0..ncols-1``; a column
+    a block did not have reads NaN there, as it did before. Decoded and coded again a slice of columns at a time
+    (so the temporaries stay near MERGE_CHUNK_VALUES values whatever the table's width), the slices' groups joined
+    by their coding. Lossless: every column is coded again by :func:`_encode`, which checks its choices."""
+    n = sum(b.n for b in blocks)
+    out = Block.__new__(Block)
+    out.seq0, out.n, out.ncols = blocks[0].seq0, n, ncols
+    out.ts = np.concatenate([b.ts for b in blocks])
+    out.t_first, out.t_last = float(out.ts[0]), float(out.ts[-1])
+    out.first = np.zeros(ncols, dtype=np.uint64)
+    gid_all = np.full(ncols, -1, dtype=np.int16)
+    pos_all = np.zeros(ncols, dtype=np.int32)
+    base_all = np.zeros(ncols, dtype=np.int64)
+    order: dict[tuple[int, int, int], int] = {}  # (shift, width, mode) -> group index in ``out``
+    planes: list[list[np.ndarray]] = []
+    members: list[int] = []
+    gapcols: list[np.ndarray] = []
+    gapbits: list[np.ndarray] = []
+    step = max(1, MERGE_CHUNK_VALUES // max(n, 1))
+    for a in range(0, ncols, step):
+        cols = np.arange(a, min(a + step, ncols), dtype=np.int64)
+        vt = np.empty((len(cols), n))  # column-major, as blocks decode
+        off = 0
+        for b in blocks:
+            b.decode_into(cols, vt[:, off:off + b.n])
+            off += b.n
+        filled, gc, gb = _fill_gaps(vt.T)
+        first, gid, pos, groups, base = _encode(filled)
+        out.first[cols], base_all[cols] = first, base
+        if len(gc):
+            gapcols.append(gc + np.int32(a))
+            gapbits.append(gb)
+        for g, (sh, w, pl, mode) in enumerate(groups):
+            key = (sh, w, mode)
+            k = order.get(key)
+            if k is None:
+                k = order[key] = len(planes)
+                planes.append([])
+                members.append(0)
+            mine = gid == g
+            gid_all[cols[mine]] = k
+            pos_all[cols[mine]] = pos[mine] + members[k]
+            members[k] += len(pl)
+            planes[k].append(pl)
+    out.groups = [(sh, w, np.concatenate(planes[k]) if len(planes[k]) > 1 else planes[k][0], mode)
+                  for (sh, w, mode), k in sorted(order.items(), key=lambda kv: kv[1])]
+    out.gapcols, out.gapbits = (np.concatenate(gapcols), np.concatenate(gapbits)) if gapcols else _no_gaps(n)
+    out.gid, out.pos, out.base, out.boff = _narrow(gid_all, pos_all, base_all, out.groups)
+    return out
+
+
 BLOCK_ROWS = 256  # rows per sealed block; the newest rows (up to this many) stay uncompressed
 # A wide table (a high-cardinality source: 1,000 containers × 13 series) seals sooner, so that its hot block
 # stays near HOT_BLOCK_BYTES instead of 256 rows × 8 bytes per series: at 13 k series that is 27 MB of
-# uncompressed float64 against ~3 MB, for ~22 bytes more per column per sealed block (first value, group,
-# position, base). Never fewer than MIN_BLOCK_ROWS rows: below that the per-block cost outweighs the saving.
+# uncompressed float64 against ~2 MB. Never fewer than MIN_BLOCK_ROWS rows: the small blocks are merged (below),
+# but until then each costs ~19 bytes per column (first value, group, position).
 HOT_BLOCK_BYTES = 2 << 20
-MIN_BLOCK_ROWS = 32
+MIN_BLOCK_ROWS = 16
+# ... and its sealed blocks are merged, once enough of them follow each other, into one of up to BLOCK_ROWS rows
+# (:func:`merge_blocks`): the per-column cost of a block is then paid once per up to 256 rows, not per 16 or 32.
+# A block is dropped whole once all its rows are past the retention, so a merged block holds at most
+# 1/COMPACT_SHARE of the table's capacity: the rows kept past the retention stay under that share.
+COMPACT_SHARE = 8
+
+
+def compact_rows_for(capacity: int, block_rows: int, limit: int = BLOCK_ROWS) -> int:
+    """Rows of a merged sealed block of a table of ``capacity`` rows whose hot block holds ``block_rows``: the
+    largest power of two up to ``limit`` and capacity / COMPACT_SHARE, and never fewer than ``block_rows``
+    (no merging)."""
+    rows = block_rows
+    while rows * 2 <= min(limit, capacity // COMPACT_SHARE):
+        rows *= 2
+    return rows
 
 
 def block_rows_for(columns: int, limit: int = BLOCK_ROWS) -> int:
@@ -382,6 +560,8 @@ class Table:
         # Rows before this seq are gone whatever the capacity says (it grew on a reload, or a checkpoint held
         # fewer rows than the capacity now covers).
         self.first_seq = 0
+        self.defer_merges = False  # the Store's tables: sealed blocks are merged by the Store, outside its lock
+        self.merge_due = False
 
     @property
     def count(self) -> int:
@@ -483,6 +663,42 @@ class Table:
         ncols = len(self.keys)
         self.blocks.append(Block(self.seq - n, self.hot_ts[:n], self.hot_vals[:n, :ncols]))
         self.hot_n = 0
+        self._compact()
+
+    def _compact(self) -> None:
+        """Merge the newest sealed blocks smaller than :func:`compact_rows_for` once they add up to it; with
+        :attr:`defer_merges`, only note that a merge is due (the store merges outside its lock)."""
+        if self.defer_merges:
+            self.merge_due = True
+            return
+        tail = self.merge_tail()
+        if tail is not None:
+            self.replace_merged(tail, merge_blocks(tail, max(b.ncols for b in tail)))
+
+    def merge_tail(self) -> list[Block] | None:
+        """The newest sealed blocks smaller than :func:`compact_rows_for`, oldest first, when they add up to it."""
+        target = compact_rows_for(self.capacity, self.block_rows, self.max_block_rows)
+        rows = k = 0
+        for b in reversed(self.blocks):
+            if b.n >= target:
+                break
+            rows, k = rows + b.n, k + 1
+        if k < 2 or rows < target:
+            return None
+        return list(self.blocks)[-k:]
+
+    def replace_merged(self, tail: list[Block], merged: Block) -> bool:
+        """Put ``merged`` in the place of the blocks ``tail`` (consecutive, by identity); False when they are no
+        longer all there (expired, or the table restored meanwhile): nothing changes."""
+        blocks = list(self.blocks)
+        for i, b in enumerate(blocks):
+            if b is tail[0]:
+                if len(blocks) - i >= len(tail) and all(x is y for x, y in zip(blocks[i:], tail, strict=False)):
+                    blocks[i:i + len(tail)] = [merged]
+                    self.blocks = deque(blocks)
+                    return True
+                break
+        return False
 
     def last_time(self) -> float | None:
         if self.seq == 0:
@@ -645,6 +861,7 @@ class Table:
         ts, V = self.rows(lo, self.seq, np.arange(ncols))
         keep = int(np.searchsorted(ts, limit, side="right"))
         new = Table(self.name, self.capacity, columns=max(16, ncols))
+        new.defer_merges = self.defer_merges
         new.keys, new.col_of, new.free = self.keys, self.col_of, self.free
         for r in range(keep):  # renumbered from 0: only what was written, so last_* come out right
             cols = np.flatnonzero(~np.isnan(V[r]))
@@ -761,6 +978,7 @@ class Store:
             t = self.tables.get(name)
             if t is None:
                 t = self.tables[name] = Table(name, self.capacity_for(interval_seconds))
+                t.defer_merges = True
             return t
 
     def capacity_for(self, interval_seconds: float) -> int:
@@ -804,6 +1022,7 @@ class Store:
             tab.write_row(t, np.asarray(cols, dtype=np.int64), np.asarray(vals, dtype=np.float64))
             if tab.seq % max(1, tab.capacity // 4) == 0:
                 self._reclaim(tab)
+        self._merge_sealed(tab)
 
     def _row_time(self, tab: Table, t: float) -> float | None:
         """The time a new row of ``tab`` is written at: ``t``, nudged past the newest row when it is the same
@@ -858,6 +1077,7 @@ class Store:
             tab.write_row(t, cols[ok], values[ok])
             if tab.seq % max(1, tab.capacity // 4) == 0:
                 self._reclaim(tab)
+        self._merge_sealed(tab)
 
     def prepare(self, table: str, keys: list[tuple[str, Mapping[str, str]]],
                 interval_seconds: float = 1.0) -> RowHandle:
@@ -890,7 +1110,23 @@ class Store:
             tab.write_row(t, handle.cols[ok], values[ok])
             if tab.seq % max(1, tab.capacity // 4) == 0:
                 self._reclaim(tab)
-            return handle
+        self._merge_sealed(tab)
+        return handle
+
+    def _merge_sealed(self, tab: Table) -> None:
+        """Merge the small sealed blocks a write left due (:meth:`Table.merge_tail`), outside the lock: at 1,000
+        containers a merge takes tens of ms, which a scrape or another collector's write would otherwise wait for.
+        Blocks never change, so they are read without the lock; the merged one replaces them under it, unless they
+        went meanwhile (then the next seal tries again)."""
+        if not tab.merge_due:  # (read without the lock: a merge noted meanwhile waits for the next write)
+            return
+        with self._lock:
+            tail = tab.merge_tail() if tab.merge_due else None
+            tab.merge_due = False
+        if tail is not None:
+            merged = merge_blocks(tail, max(b.ncols for b in tail))
+            with self._lock:
+                tab.replace_merged(tail, merged)
 
     def _new_series(self, tab: Table, metric: str, lk: Labels) -> int | None:
         """A column of ``tab`` for a series not stored yet, indexed; None when the store is at max_series."""
@@ -913,6 +1149,7 @@ class Store:
         """A new empty table under ``name`` (dropping one of that name), for a checkpoint to fill."""
         with self._lock:
             tab = self.tables[name] = Table(name, capacity, columns=columns)
+            tab.defer_merges = True
             self._plans.pop(name, None)
             return tab
 

@@ -1,0 +1,230 @@
+"""Sealed blocks of a wide table merged into larger ones, and gaps (NaN rows) coded as a bitmap: both lossless
+bit for bit, both smaller, the merge bounded in what it keeps past the retention and in the memory it takes, and
+both carried through checkpoints."""
+
+import json
+
+import numpy as np
+import pytest
+
+from cri_resmgr.store import Columns, Store, checkpoint, tsdb
+from cri_resmgr.store.tsdb import Block, compact_rows_for, merge_blocks
+
+
+def bits(a):
+    return np.ascontiguousarray(a, dtype=np.float64).view(np.uint64)
+
+
+def _matrix(rng, n: int, c: int) -> np.ndarray:
+    """Agent-shaped columns: µs counters, byte gauges, noise, constants, present/absent gauges (gaps)."""
+    kinds = [
+        lambda: np.cumsum(rng.integers(0, 10**6, n)) / 1e6,
+        lambda: (1 << 30) - np.cumsum(rng.integers(0, 64, n)) * 4096.0,
+        lambda: rng.normal(size=n),
+        lambda: np.full(n, 7.0),
+        lambda: np.where(rng.random(n) < 0.4, np.nan, 1048576.0),
+        lambda: np.where(np.arange(n) % 5 == 0, np.nan, np.cumsum(rng.integers(0, 100, n)).astype(float)),
+        lambda: np.full(n, np.nan),
+    ]
+    return np.stack([kinds[i % len(kinds)]() for i in range(c)], axis=1)
+
+
+def test_compact_rows_is_a_power_of_two_within_an_eighth_of_the_capacity():
+    assert compact_rows_for(1801, 32) == 128  # rdt at 2 s for an hour: 1801 // 8 = 225
+    assert compact_rows_for(721, 32) == 64  # cgroup at 5 s
+    assert compact_rows_for(100_000, 32) == tsdb.BLOCK_ROWS
+    assert compact_rows_for(200, 32) == 32  # too short a table to merge: the hot block's rows
+    assert compact_rows_for(3601, 256) == 256  # a narrow table: already BLOCK_ROWS
+    assert compact_rows_for(1801, 32, limit=64) == 64
+
+
+def test_merged_blocks_read_back_bit_for_bit_with_columns_added_between_them(monkeypatch):
+    """Blocks of 5, 7 and 9 columns (series added between seals) merged a few columns at a time: every value
+    comes back exactly, and the columns a block did not have read NaN there as before."""
+    monkeypatch.setattr(tsdb, "MERGE_CHUNK_VALUES", 3 * 60)  # 3 columns a slice: the slices' groups are joined
+    rng = np.random.default_rng(3)
+    V = _matrix(rng, 60, 9)
+    blocks = [Block(0, np.arange(20.0), V[:20, :5]), Block(20, np.arange(20.0, 40), V[20:40, :7]),
+              Block(40, np.arange(40.0, 60), V[40:, :])]
+    expect = V.copy()
+    expect[:20, 5:] = np.nan
+    expect[20:40, 7:] = np.nan
+    m = merge_blocks(blocks, 9)
+    assert (m.seq0, m.n, m.ncols) == (0, 60, 9)
+    assert np.array_equal(bits(m.columns(np.arange(9))), bits(expect))
+    for c in range(9):  # the single-series read
+        out = np.empty((1, 60))
+        m.decode_into(np.array([c]), out)
+        assert np.array_equal(bits(out[0]), bits(expect[:, c])), c
+    assert np.array_equal(m.ts, np.arange(60.0))
+    arrays, meta = m.to_arrays("x_")  # and the checkpoint form
+    back = Block.from_arrays(arrays, "x_", json.loads(json.dumps(meta)))
+    assert np.array_equal(bits(back.columns(np.arange(9))), bits(expect))
+
+
+def test_a_present_or_absent_gauge_costs_its_bitmap_not_two_bytes_a_row():
+    """A container's RDT occupancy while RMIDs rotate: its value, or NaN. The gaps go to a bitmap and the
+    value is constant in between: nothing per row but the bit. Other NaNs (not np.nan's bits) stay XOR."""
+    n = 256
+    rng = np.random.default_rng(1)
+    gauge = np.where(rng.random(n) < 0.5, np.nan, 1048576.0)
+    other_nan = np.where(np.arange(n) % 3 == 0, np.array([0x7FF8000000000001], dtype=np.uint64).view(np.float64)[0],
+                         2.0)
+    lead = np.r_[np.full(10, np.nan), np.arange(n - 10, dtype=float)]  # gaps before the first value
+    V = np.stack([gauge, other_nan, lead], axis=1)
+    b = Block(0, np.arange(float(n)), V)
+    assert b.gapcols.tolist() == [0, 2]
+    assert b.width_of(0) == 0  # constant between the gaps: no bytes a row
+    assert b.width_of(2) <= 1  # a counter whose first value holds the leading gaps: steps of 0 and 1
+    assert b.gapbits.shape == (2, n // 8)  # a bit a row
+    assert b.width_of(1) > 0
+    assert np.array_equal(bits(b.columns(np.arange(3))), bits(V))
+    for c in range(3):
+        out = np.empty((1, n))
+        b.decode_into(np.array([c]), out)
+        assert np.array_equal(bits(out[0]), bits(V[:, c])), c
+    out = np.empty((2, n))  # a subset that holds one gap column of two
+    b.decode_into(np.array([1, 2]), out)
+    assert np.array_equal(bits(out), bits(V[:, [1, 2]].T))
+
+
+def test_a_gap_bitmap_that_does_not_fit_its_block_is_refused():
+    V = np.stack([np.where(np.arange(40) % 2 == 0, np.nan, 3.0), np.arange(40.0)], axis=1)
+    arrays, meta = Block(0, np.arange(40.0), V).to_arrays("x_")
+    assert meta["gaps"]
+    for name, bad in (("gapcols", np.array([5], dtype=np.int32)), ("gapcols", np.array([0], dtype=np.int64)),
+                      ("gapbits", np.zeros((1, 4), dtype=np.uint8)), ("gapcols", np.array([0, 0], dtype=np.int32))):
+        with pytest.raises(ValueError, match="gap bitmap"):
+            Block.from_arrays({**arrays, f"x_{name}": bad}, "x_", meta)
+
+
+def _wide_store(monkeypatch, retention: float = 600.0) -> Store:
+    """A store whose tables of 40 columns already count as wide (hot block of 32 rows)."""
+    monkeypatch.setattr(tsdb, "HOT_BLOCK_BYTES", 64 * 8 * 32)  # (40 series: room for 64 columns)
+    return Store(retention_seconds=retention)
+
+
+def _write(s: Store, rows: int, start: int = 0, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    V = _matrix(rng, rows, 40)
+    V[:, 6::7] = 5.0  # (every series written now and then: none is reclaimed)
+    keys = [("m", {"c": str(c)}) for c in range(40)]
+    ts = 1000.0 + np.arange(start, start + rows)
+    for r in range(rows):
+        s.append_columns("t", float(ts[r]), Columns(keys, V[r]), 1.0)
+    return ts, V
+
+
+def test_a_wide_table_merges_its_sealed_blocks_and_keeps_at_most_an_eighth_past_the_retention(monkeypatch):
+    s = _wide_store(monkeypatch)
+    ts, V = _write(s, 2000)
+    tab = s.tables["t"]
+    assert tab.block_rows == 32 and tab.capacity == 601
+    target = compact_rows_for(tab.capacity, tab.block_rows, tab.max_block_rows)
+    assert target == 64
+    sizes = [b.n for b in tab.blocks]
+    assert sizes[:-1] == [target] * (len(sizes) - 1) and sizes[-1] in (32, 64), sizes
+    held = sum(sizes) + tab.hot_n
+    assert tab.capacity <= held < tab.capacity + target  # whole blocks expire: at most one merged block more
+    cols = np.array([tab.col_of[("m", (("c", str(c)),))] for c in range(40)])
+    got_ts, got = tab.rows(tab.floor, tab.seq, cols)  # the retention's rows, exactly
+    assert np.array_equal(got_ts, ts[-tab.capacity:])
+    assert np.array_equal(bits(got), bits(V[-tab.capacity:]))
+    unmerged = sum(Block(0, ts[i:i + 32], V[i:i + 32]).nbytes() for i in range(2000 - 640, 2000 - 64, 32))
+    merged = sum(b.nbytes() for b in tab.blocks if b.seq0 >= 2000 - 640 and b.seq0 + b.n <= 2000 - 64)
+    assert merged < 0.9 * unmerged  # (the noisy columns cost the same either way: the saving is per column)
+
+
+def test_merged_blocks_go_through_incremental_checkpoints(monkeypatch, tmp_path):
+    """Blocks merged between checkpoints: the merged one is written, the segments only the merged-away blocks
+    were in are removed, and a restore equals the store at every step."""
+    s = _wide_store(monkeypatch)
+    ck = checkpoint.Checkpointer()
+    for k in range(12):
+        _write(s, 50, start=50 * k, seed=k)
+        ck.save(s, tmp_path)
+        back = Store(retention_seconds=600.0)
+        assert checkpoint.restore(back, tmp_path).restored
+        a, b = s.tables["t"], back.tables["t"]
+        ta, va = a.rows(a.floor, a.seq, np.arange(40))
+        tb, vb = b.rows(b.floor, b.seq, np.arange(40))
+        assert np.array_equal(ta, tb) and np.array_equal(bits(va), bits(vb)), k
+    manifest = json.loads(bytes(np.load(tmp_path / checkpoint.FILENAME)["meta"]).decode())["tables"][0]["blocks"]
+    assert [bm["n"] for bm in manifest][:-1] == [64] * (len(manifest) - 1)  # only merged blocks but the newest
+    # the segments that held only merged-away blocks are gone
+    assert {p.name for p in tmp_path.glob(f"{checkpoint.SEGMENT_PREFIX}*")} == {bm["seg"] for bm in manifest}
+
+
+def test_a_format_3_checkpoint_is_still_read(tmp_path):
+    """Format 3 is format 4 without gap bitmaps: a checkpoint with no gaps, labelled 3, restores the same."""
+    s = Store(retention_seconds=3600.0)
+    keys = [("m", {"c": str(c)}) for c in range(3)]
+    for r in range(300):
+        s.append_columns("t", 1000.0 + r, Columns(keys, np.array([r, 2.0 * r, 7.0])), 1.0)
+    checkpoint.save(s, tmp_path)
+    z = dict(np.load(tmp_path / checkpoint.FILENAME))
+    meta = json.loads(bytes(z["meta"]).decode())
+    assert meta["version"] == 4 and not any(bm.get("gaps") for t in meta["tables"] for bm in t["blocks"])
+    meta["version"] = 3
+    z["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
+    np.savez(tmp_path / checkpoint.FILENAME, **z)
+    back = Store(retention_seconds=3600.0)
+    assert checkpoint.restore(back, tmp_path).restored
+    a, b = s.tables["t"], back.tables["t"]
+    assert np.array_equal(bits(a.rows(0, a.seq, np.arange(3))[1]), bits(b.rows(0, b.seq, np.arange(3))[1]))
+
+
+def test_a_format_3_block_with_a_base_per_column_is_read():
+    """Format 3 kept a step for every column and wider group/position arrays; a block in that form reads back the
+    same values (and is kept in the narrow form)."""
+    from cri_resmgr.store.tsdb import _XOR
+
+    rng = np.random.default_rng(8)
+    V = _matrix(rng, 50, 14)
+    b = Block(0, np.arange(50.0), V)
+    arrays, meta = b.to_arrays("x_")
+    assert meta.pop("base") == "groups" and b.gid.dtype == np.int8 and b.pos.dtype == np.uint16
+    full = np.zeros(b.ncols, dtype=np.int64)
+    for c in range(b.ncols):
+        g = int(b.gid[c])
+        if g >= 0 and b.groups[g][3] != _XOR:
+            full[c] = b.base[b.boff[g] + int(b.pos[c])]
+    assert full.any()  # (some columns are delta-coded with a step)
+    old = {**arrays, "x_base": full, "x_gid": b.gid.astype(np.int16), "x_pos": b.pos.astype(np.int32)}
+    back = Block.from_arrays(old, "x_", json.loads(json.dumps(meta)))
+    assert np.array_equal(bits(back.columns(np.arange(14))), bits(V))
+    assert back.base.tolist() == b.base.tolist() and back.gid.dtype == np.int8
+
+
+def test_the_store_merges_sealed_blocks_outside_its_lock(monkeypatch):
+    """A merge at 1,000 containers takes tens of ms: a scrape or another collector's write must not wait for it.
+    While the store merges, another thread takes the store's lock at once; the merged block then replaces the small
+    ones, and a merge whose blocks went meanwhile changes nothing."""
+    import threading
+
+    s = _wide_store(monkeypatch)
+    seen: list[bool] = []
+    real = tsdb.merge_blocks
+
+    def merge_watching_the_lock(blocks, ncols):
+        got: list[bool] = []
+
+        def take() -> None:
+            got.append(s.lock.acquire(timeout=2))
+            if got[0]:
+                s.lock.release()
+
+        th = threading.Thread(target=take)
+        th.start()
+        th.join()
+        seen.append(got[0])
+        return real(blocks, ncols)
+
+    monkeypatch.setattr(tsdb, "merge_blocks", merge_watching_the_lock)
+    _write(s, 200)
+    tab = s.tables["t"]
+    assert seen and all(seen), "the lock was held during a merge"
+    assert [b.n for b in tab.blocks][:3] == [64, 64, 64]
+    tail = list(tab.blocks)[:2]
+    assert not tab.replace_merged([tail[1], tail[0]], real(tail, 40))  # not consecutive in that order
+    assert [b.n for b in tab.blocks][:3] == [64, 64, 64]
