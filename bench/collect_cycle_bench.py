@@ -48,7 +48,7 @@ def child(spec: dict) -> None:
     from cri_resmgr.collectors.rdt import RdtCollector
     from cri_resmgr.collectors.sst import SstCollector
     from cri_resmgr.config import CgroupCollectorConfig, PerfCollectorConfig, RdtCollectorConfig, SstCollectorConfig
-    from cri_resmgr.store import Store
+    from cri_resmgr.store import Columns, Store
     from cri_resmgr.topology import discover
 
     rss_imports = _rss_kib()
@@ -73,11 +73,18 @@ def child(spec: dict) -> None:
         for name, col in cols.items():
             t0 = time.process_time()
             probe = col.probe()
-            s = col.collect(now) if probe.ok else []
-            store.append(name, now, s, 1.0)
+            # as the agent stores a run (Agent.run_collector_once, no series rules): a vector row where the
+            # collector gives one
+            row = col.collect_row(now) if probe.ok else []
+            if isinstance(row, Columns):
+                store.append_columns(name, now, row, 1.0)
+                n_samples = int((row.values == row.values).sum())
+            else:
+                store.append(name, now, row, 1.0)
+                n_samples = len(row)
             if timed:
                 per[name] += time.process_time() - t0
-            n += len(s)
+            n += n_samples
         return n
 
     for _ in range(3):

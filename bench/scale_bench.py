@@ -104,10 +104,70 @@ def _projected_rss(rss_kib: int, store) -> float:
             per_sample[block_rows] = sum(b.nbytes() for b in blocks) / (len(ts) * vals.shape[1])
         return per_sample[block_rows]
 
+    from cri_resmgr.store import tsdb
+
+    merged = getattr(tsdb, "compact_rows_for", None)  # (a checkout that merges sealed blocks)
     grow = 0.0
     for t in store.tables.values():
-        grow += len(t.keys) * t.capacity * bytes_per_sample(t.block_rows) - t.nbytes()
+        rows = merged(t.capacity, t.block_rows, t.max_block_rows) if merged else t.block_rows
+        grow += len(t.keys) * t.capacity * bytes_per_sample(rows) - t.nbytes()
     return (rss_kib * 1024 + max(0.0, grow)) / 2**20
+
+
+def _decimal_scale(v: np.ndarray) -> int | None:
+    """The smallest d of the store's SCALES with every finite value of ``v`` exactly k / 10**d, else None."""
+    from cri_resmgr.store.tsdb import SCALES
+
+    x = v[np.isfinite(v)]
+    for d in SCALES:
+        k = np.rint(x * 10.0 ** d)
+        if (np.abs(k) < 2.0 ** 52).all() and ((k / 10.0 ** d).view(np.uint64) == x.view(np.uint64)).all():
+            return d
+    return None
+
+
+def fill_to_retention(store) -> dict[str, str]:
+    """Write rows into every table of ``store`` through the agent's own write path (``Store.append_columns``), at
+    the table's interval on a clock running ahead of the wall clock, until each holds its full retention: the
+    store as it is after an hour, without waiting the hour. The values continue the rows the agent collected: each
+    series takes its own real steps again, in the order they came (a counter keeps counting at its measured pace,
+    a series not written in a real row is not written in the copy of that row), in integers of its decimal scale
+    when all its values have one (so a counter in µs stays exact, as the collectors' values are), else in floats."""
+    from cri_resmgr.store import tsdb
+    from cri_resmgr.store.tsdb import Columns
+
+    def merged_rows(tab) -> int:  # (a checkout from before sealed blocks were merged: the hot block's rows)
+        f = getattr(tsdb, "compact_rows_for", None)
+        return f(tab.capacity, tab.block_rows, tab.max_block_rows) if f else tab.block_rows
+
+    out = {}
+    for name, tab in list(store.tables.items()):
+        with store.lock:
+            cols = [c for c, k in enumerate(tab.keys) if k is not None]
+            ts, real = tab.rows(tab.floor, tab.seq, np.array(cols, dtype=np.int64))
+            keys = [(tab.keys[c][0], dict(tab.keys[c][1])) for c in cols]
+        if len(ts) < 3 or not cols:
+            continue
+        interval = float(np.median(np.diff(ts)))
+        scales = [_decimal_scale(real[:, i]) for i in range(len(cols))]
+        mult = np.array([10.0 ** d if d is not None else 1.0 for d in scales])
+        exact = np.array([d is not None for d in scales])
+        k = np.where(exact, np.rint(real * mult), real)  # integers where the series has a decimal scale
+        steps = np.nan_to_num(np.diff(k, axis=0))
+        cur = np.nan_to_num(k[-1])
+        t = float(ts[-1])
+        target = tab.capacity + merged_rows(tab)
+        for j in range(target):
+            i = j % len(steps)
+            cur = cur + steps[i]
+            vals = np.where(exact, cur / mult, cur)
+            vals[np.isnan(real[i + 1])] = np.nan
+            t += interval
+            store.append_columns(name, t, Columns(keys, vals), interval)
+        held = tab.seq - (tab.blocks[0].seq0 if tab.blocks else tab.seq - tab.hot_n)
+        out[name] = (f"{len(cols)} series, {target} rows written at {interval:g} s, {held} held for a capacity of "
+                     f"{tab.capacity}, {tab.nbytes() / 2**20:.1f} MiB")
+    return out
 
 
 def child_collector(spec: dict) -> dict:
@@ -197,9 +257,24 @@ def child_agent(spec: dict) -> dict:
                                 "--pid", str(os.getpid()), "--duration", str(int(spec["seconds"])), "--rate", "200",
                                 "--format", "raw", "-o", spec["profile"]], stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL)
+    import gc
+
+    gc_time = [0.0, 0.0, 0.0]  # per generation: seconds spent collecting during the window (on any thread)
+    gc_runs = [0, 0, 0]
+    gc_start: list[float] = []
+
+    def on_gc(phase: str, info: dict) -> None:
+        if phase == "start":
+            gc_start.append(time.perf_counter())
+        elif gc_start:
+            gc_time[info["generation"]] += time.perf_counter() - gc_start.pop()
+            gc_runs[info["generation"]] += 1
+
+    gc.callbacks.append(on_gc)
     c0, w0, th0 = _cpu(), time.monotonic(), _thread_cpu()
     time.sleep(spec["seconds"])
     wall = time.monotonic() - w0
+    gc.callbacks.remove(on_gc)
     cpu_share = (_cpu() - c0) / wall
     th1 = _thread_cpu()
     threads = {k: (v - th0.get(k, 0.0)) / wall for k, v in th1.items() if v - th0.get(k, 0.0) > 0}
@@ -207,8 +282,6 @@ def child_agent(spec: dict) -> dict:
         spy.wait()
     rss = _rss_kib()
     if spec.get("memory"):  # where the RSS is: heap freed but kept by malloc, Python objects by type
-        import gc
-
         from cri_resmgr.heap import release_free_heap
 
         release_free_heap()
@@ -233,6 +306,8 @@ def child_agent(spec: dict) -> dict:
     # here (CPU of this thread) on the agent's store as the window left it.
     once = {}
     notes: dict[str, str] = {}
+    notes["gc"] = (f"{sum(gc_runs)} collections in the window ({gc_runs[2]} of generation 2), "
+                   f"{sum(gc_time) / wall * 100:.3f} % of a core ({gc_time[2] / wall * 100:.3f} % in generation 2)")
     if spec.get("memory"):
         notes["memory"] = "; ".join(notes_mem)
     if agent.rebalancer is not None:
@@ -281,6 +356,26 @@ def child_agent(spec: dict) -> dict:
     out = {"cpu_share": cpu_share, "rss_mb": rss / 1024, "projected_mb": _projected_rss(rss, agent.store),
            "series": agent.store.series_count, "metrics_ms": sorted(times)[2] * 1e3, "metrics_bytes": size,
            "health": health, "threads": threads, "once": once, "notes": notes}
+    if spec.get("fill"):  # the collectors stop; the store is filled to its retention and the RSS measured
+        from cri_resmgr.heap import release_free_heap
+
+        agent._stop.set()
+        for ev in agent._wake.values():
+            ev.set()
+        for th in agent._threads.values():
+            th.join(timeout=30)
+        release_free_heap()
+        rss_before = _rss_kib()
+        c0 = _cpu()
+        tables = fill_to_retention(agent.store)
+        fill_cpu = _cpu() - c0
+        rss_full = _rss_kib()
+        release_free_heap()
+        with agent.store.lock:
+            store_mb = sum(t.nbytes() for t in agent.store.tables.values()) / 2**20
+        out["full_retention"] = {"rss_before_mb": rss_before / 1024, "rss_mb": rss_full / 1024,
+                                 "rss_trimmed_mb": _rss_kib() / 1024,
+                                 "store_rows_mb": store_mb, "fill_cpu_s": fill_cpu, "tables": tables}
     agent.stop()
     return out
 
@@ -306,11 +401,20 @@ def main() -> None:
     ap.add_argument("--compare", type=Path,
                     help="another checkout (e.g. `git archive HEAD | tar -x -C DIR`): its whole agent runs in the same "
                          "set-up, alternating with this one's, for a before/after under the same load")
+    ap.add_argument("--interval", type=float, action="append", default=None,
+                    help="whole agent: every collector at this interval (0: the defaults); repeat for several runs. "
+                         "Default: the defaults, and 1 s as well at 200 containers or fewer without --compare")
+    ap.add_argument("--pairs", type=int, default=2, help="with --compare: runs of this checkout and the other, "
+                    "alternating, this many of each")
     ap.add_argument("--profile", type=Path, help="whole agent: write py-spy's collapsed stacks of each run here "
                     "(DIR/agent-N-interval-k.txt; needs py-spy in the venv)")
     ap.add_argument("--agent-only", action="store_true", help="skip the per-collector runs")
     ap.add_argument("--memory", action="store_true", help="whole agent: after the window, RSS after malloc_trim "
                     "and the Python objects by type")
+    ap.add_argument("--fill", action="store_true",
+                    help="whole agent: after the window, stop the collectors, write rows through the store's write "
+                         "path on a clock running ahead until every table holds its full retention (values continuing "
+                         "the collected series at their measured pace), then measure the RSS (fill_to_retention)")
     ap.add_argument("--collectors-only", action="store_true", help="skip the whole-agent runs")
     ap.add_argument("--switch-interval", type=float, action="append", default=None,
                     help="whole agent: sys.setswitchinterval in the agent (as serve.py sets 0.001); repeat to run "
@@ -371,9 +475,11 @@ def main() -> None:
             per = {} if other_script or args.agent_only else {
                 c: run_child("collector", {**base, "collector": c}) for c in ("cgroup", "cpu", "perf", "rdt")}
             agents: dict = {}
-            for interval in ([] if args.collectors_only else [None, 1.0] if n <= 200 and not other_script else [None]):
-                who_runs = [("this", __file__), ("other", other_script), ("this", __file__),
-                            ("other", other_script)] if other_script else [("this", __file__)]
+            intervals = [None if x == 0 else x for x in args.interval] if args.interval else \
+                [None, 1.0] if n <= 200 and not other_script else [None]
+            for interval in ([] if args.collectors_only else intervals):
+                who_runs = [("this", __file__), ("other", other_script)] * args.pairs if other_script \
+                    else [("this", __file__)]
                 switches = args.switch_interval or [0.0]
                 # each switch interval in turn, twice, alternating (the load on this machine drifts)
                 runs = [(who, script, sw) for _ in range(2 if len(switches) > 1 else 1) for sw in switches
@@ -384,7 +490,7 @@ def main() -> None:
                     agents[(interval, who, k, sw)] = run_child(
                         "agent", {**base, "tmp": str(d), "interval": interval, "seconds": args.seconds,
                                   "warmup": args.warmup, "perf_sw_events": args.perf_sw_events, "switch_interval": sw,
-                                  "memory": args.memory,
+                                  "memory": args.memory, "fill": args.fill,
                                   "profile": str(args.profile / f"agent-{n}-{interval}-{k}.txt") if args.profile
                                   else None}, script)
             results.append((n, per, agents))
@@ -429,6 +535,14 @@ def main() -> None:
             if a.get("threads"):
                 print("    CPU by thread, % of a core: " + ", ".join(
                     f"{k} {v * 100:.2f}" for k, v in sorted(a["threads"].items(), key=lambda kv: -kv[1])))
+            if a.get("full_retention"):
+                f = a["full_retention"]
+                print(f"    filled to full retention: RSS {f.get('rss_before_mb', math.nan):.1f} MB before the fill "
+                      f"(after malloc_trim), {f['rss_mb']:.1f} MB after, after malloc_trim "
+                      f"{f['rss_trimmed_mb']:.1f} MB; store rows {f['store_rows_mb']:.1f} MiB (fill took "
+                      f"{f['fill_cpu_s']:.1f} s CPU)")
+                for t, note in f["tables"].items():
+                    print(f"        {t}: {note}")
             if a.get("once"):
                 print("    after the window, once: " + ", ".join(f"{k} {v:.1f}" for k, v in a["once"].items()))
             for k, v in a.get("notes", {}).items():

@@ -454,3 +454,109 @@ def test_groups_of_a_container_that_did_not_run_are_read_only_at_the_idle_refres
     finally:
         col.close()
         disc.close()
+
+
+class _Only(CgroupCollector):
+    """The machine's containers narrowed to the test's own (other tests may make and remove containers on this
+    machine meanwhile, and any change of the set makes the collector select again)."""
+
+    def __init__(self, only: set[str]):
+        super().__init__(CGROUP_ROOT, CgroupCollectorConfig(runtime_socket=None, idle_refresh_seconds=60.0))
+        self.only = only
+
+    def identities(self, layout, found=None):
+        return [i for i in super().identities(layout, found) if i.container_id in self.only]
+
+
+def test_an_unchanged_selection_stands_and_a_new_container_is_ranked_and_watched(containers, monkeypatch):
+    """While the containers, their CPUs and the budget stay the same, a run neither ranks nor plans nor opens;
+    a new container makes the next run select again, and it is watched."""
+    _need_root()
+    first = containers(3, busy=False)
+    disc = _Only({c.container_id for c in first})
+    col = PerfCollector(CGROUP_ROOT, PerfCollectorConfig(events=["cpu-clock", "page-faults"]), disc,
+                        discover(Path("/sys")))
+    ranks = []
+    real_rank = col._rank
+    monkeypatch.setattr(col, "_rank", lambda *a, **k: ranks.append(1) or real_rank(*a, **k))
+    try:
+        col.collect(time.time())
+        assert len(ranks) == 1 and set(col.watched) == disc.only
+        for _ in range(3):
+            s = col.collect(time.time())
+        assert len(ranks) == 1, "nothing changed: no ranking"
+        assert all(_value(s, M.CONTAINER_PERF_MONITORED.name, c.container_id, reason="") == 1.0 for c in first)
+        (new,) = containers(1, busy=False)
+        disc.only.add(new.container_id)
+        s = col.collect(time.time())
+        assert len(ranks) == 2 and new.container_id in col.watched
+        assert _value(s, M.CONTAINER_PERF_CPU_CLOCK.name, new.container_id) is not None
+    finally:
+        col.close()
+
+
+def test_a_container_without_its_perf_cgroup_is_watched_once_that_directory_appears(containers):
+    """runc makes a container's directory in one hierarchy after another: a container seen before its
+    directory exists in the perf_event hierarchy is skipped, and watched by the first run after it appears
+    (the selection is otherwise unchanged, so this is what makes the run select again)."""
+    _need_root()
+    root = find_perf_cgroup_root(CGROUP_ROOT)
+    (other,) = containers(1, busy=False)
+    late = PerfCgroup(None, unified=False)  # the v1 controllers only, for now
+    later = PerfCgroup(root.path)
+    later.rel = late.rel
+    disc = _Only({other.container_id, late.container_id})
+    col = PerfCollector(CGROUP_ROOT, PerfCollectorConfig(events=["cpu-clock"]), disc, discover(Path("/sys")))
+    try:
+        late.create()
+        if root.path.resolve() in [r.resolve() for r in late._controller_roots()]:
+            pytest.skip("the perf_event hierarchy is one of the accounting ones here")
+        for _ in range(2):
+            s = col.collect(time.time())
+            assert col.skipped[late.container_id].reason == "no_perf_cgroup"
+            assert _value(s, M.CONTAINER_PERF_MONITORED.name, late.container_id, reason="no_perf_cgroup") == 0.0
+        later.create()
+        s = col.collect(time.time())
+        assert late.container_id in col.watched and late.container_id not in col.skipped
+        assert _value(s, M.CONTAINER_PERF_MONITORED.name, late.container_id, reason="") == 1.0
+    finally:
+        col.close()
+        later.remove()
+        late.remove()
+
+
+def test_idle_runs_keep_the_row_and_its_values_and_store_like_samples(containers):
+    """Runs in which no watched container ran return the same keys list (the store resolves nothing) with the
+    same counts; stored through Columns the rows read back like the samples. A busy container's counts move
+    every run."""
+    from cri_resmgr.store import Store
+
+    _need_root()
+    idle = containers(2, busy=False)
+    (busy,) = containers(1, busy=True)
+    disc = _Only({c.container_id for c in [*idle, busy]})
+    col = PerfCollector(CGROUP_ROOT, PerfCollectorConfig(events=["cpu-clock", "context-switches"]), disc,
+                        discover(Path("/sys")))
+    by_rows, by_samples = Store(600), Store(600)
+    rows = []
+    try:
+        for k in range(6):
+            t = 1000.0 + k
+            row = col.collect_row(t)
+            rows.append(row)
+            by_rows.append_columns("perf", t, row)
+            by_samples.append("perf", t, row.samples())
+            time.sleep(0.1)
+        assert all(a.keys is b.keys for a, b in zip(rows[1:], rows[2:], strict=False)), "the same keys list"
+        clock = M.CONTAINER_PERF_CPU_CLOCK.name
+        for c in idle:
+            seen = {_value(r.samples(), clock, c.container_id) for r in rows}
+            assert len(seen) == 1 and None not in seen, seen
+        moving = [_value(r.samples(), clock, busy.container_id) for r in rows]
+        assert all(b > a for a, b in zip(moving, moving[1:], strict=False)), moving
+        assert col.idle_groups >= 2
+        assert by_rows.series_count == by_samples.series_count
+        assert sorted((r.metric, r.labels, v) for r, _, v in by_rows.latest()) == \
+            sorted((r.metric, r.labels, v) for r, _, v in by_samples.latest())
+    finally:
+        col.close()

@@ -598,3 +598,53 @@ def test_resctrl_directories_are_listed_only_on_change_and_a_group_removed_behin
     step(9.0)
     step(9.0 + STATIC_REFRESH_SECONDS)
     assert listed[-2] == 0 and listed[-1] > 0  # and now and then anyway
+
+
+def test_every_runs_estimates_follow_the_scaling_rule_for_watched_and_rotated_out_containers(emulator, node):
+    """The estimates are computed for all containers at once: each run's value of every container is what was
+    seen times elapsed / watched time (for a container not watched all along, 1 otherwise), never below the
+    value before it, whether its group was read this run, is idle, or was rotated out."""
+    emu = emulator(num_rmids=4, domains=(0, 1))  # three MON groups for six containers
+    for i in range(6):
+        _cid, (tid,) = node.add(n_threads=1)
+        emu.set_task(tid, mbm_total={0: (i + 1) * 1e8, 1: 5e7}, mbm_local={0: 2e7})
+    col = _collector(emu, node, rotation_slice_seconds=3.0, rotation_share=0.5)
+    before: dict[tuple, float] = {}
+    checked = 0
+    for t in range(30):
+        s = col.collect(float(t))
+        for cid, w in col.watches.items():
+            for (fname, cache_id), seen in w.observed.items():
+                scope = "total" if fname == "mbm_total_bytes" else "local"
+                got = _one(s, M.CONTAINER_MEMORY_BANDWIDTH.name, container_id=cid, scope=scope,
+                           cache_id=str(cache_id))
+                scale = max(1.0, (t - w.first_read) / w.watched_seconds) if w.gaps and w.watched_seconds > 0 \
+                    else 1.0
+                want = max(seen * scale, before.get((cid, fname, cache_id), 0.0))
+                assert got == want, (t, cid, fname, cache_id)
+                before[(cid, fname, cache_id)] = got
+                checked += w.gaps
+        emu.advance(1.0)
+    assert checked > 100, "rotated containers were checked"
+
+
+def test_estimates_never_go_back_across_a_close_and_reopen(emulator, node):
+    """Disabling the collector removes its groups but keeps what it knows of each container: once enabled again
+    the estimates go on from what was written, never below it (rotation makes their scale fall while a
+    container is watched again)."""
+    emu = emulator(num_rmids=3, domains=(0,))  # two MON groups for four containers
+    for i in range(4):
+        _cid, (tid,) = node.add(n_threads=1)
+        emu.set_task(tid, mbm_total={0: (i + 1) * 1e8})
+    cfg = dict(rotation_slice_seconds=2.0, rotation_share=1.0)
+    col = _collector(emu, node, **cfg)
+    last: dict[tuple, float] = {}
+    for t in range(24):
+        if t in (7, 15):
+            col.reconfigure(RdtCollectorConfig(enabled=False, **cfg))
+            col.reconfigure(RdtCollectorConfig(**cfg))
+        s = col.collect(float(t))
+        for labels, v in _series(s, M.CONTAINER_MEMORY_BANDWIDTH.name).items():
+            assert v >= last.get(labels, 0.0), (t, labels)
+            last[labels] = v
+        emu.advance(1.0)

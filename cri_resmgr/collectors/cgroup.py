@@ -581,6 +581,7 @@ class CgroupCollector(Collector):
         self._always: list[int] = []  # containers read in full every cycle (no probe: new, or files not kept)
         self._held = 0  # descriptors kept open
         self._snapshot: tuple[list[tuple[ContainerIdentity, ContainerStats]], float] = ([], 0.0)
+        self._snap_order: list[_Tracked] | None = None  # the _order the snapshot's list was made for
         self._containers: dict[str, ContainerInfo] | None = {}
 
     def reconfigure(self, cfg: CgroupCollectorConfig) -> None:
@@ -736,6 +737,7 @@ class CgroupCollector(Collector):
         limit = self.kept_open_limit
         values = self._values
         gone: list[int] = []
+        fresh = False  # a container's stats changed in this run
         log_reads: list[str] | None = [] if self.read_log is not None else None
         if log_reads is not None:
             log_reads += self._ppaths if got else []
@@ -745,8 +747,8 @@ class CgroupCollector(Collector):
             held = len(t.files.fds)
             probed: dict[int, bytes] = {}
             if got and t.probe:
-                k = pstart[i]
-                probed = {j: b for j, b, size in zip(t.probe, got[k:pstart[i + 1]], sizes[k:], strict=False)
+                k, e = pstart[i], pstart[i + 1]
+                probed = {j: b for j, b, size in zip(t.probe, got[k:e], sizes[k:e], strict=False)
                           if b is not None and len(b) < size}
             st = t.full_read(layout, probed)
             if log_reads is not None:
@@ -766,6 +768,7 @@ class CgroupCollector(Collector):
             if st is t.stats:  # its files said what they said last time: its values stand
                 t.last_full = self._last_full[i] = cycle
                 continue
+            fresh = True
             if t.stats is None:  # first read: spread the idle refreshes of containers found together
                 t.last_full = cycle - i % every
             else:
@@ -791,9 +794,13 @@ class CgroupCollector(Collector):
         self.full_reads = len(todo)
         if log_reads is not None and self.read_log is not None:
             self.read_log.append(log_reads)
-        dead = set(gone)
-        self._snapshot = ([(t.ident, t.stats) for i, t in enumerate(order)
-                           if t.stats is not None and i not in dead], now)
+        if fresh or gone or order is not self._snap_order:
+            dead = set(gone)
+            self._snapshot = ([(t.ident, t.stats) for i, t in enumerate(order)
+                               if t.stats is not None and i not in dead], now)
+            self._snap_order = order
+        else:  # no container's stats changed: the same list, read now
+            self._snapshot = (self._snapshot[0], now)
         self._containers = None
         return Columns(self._row_keys, values.copy())
 

@@ -24,21 +24,27 @@ import contextlib
 import errno
 import fnmatch
 import logging
+import math
 import os
 import resource
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from itertools import compress, repeat
+from operator import eq, is_, ne
 from pathlib import Path
+
+import numpy as np
 
 from .. import metrics as M
 from ..config import PerfCollectorConfig
-from ..store import Sample
+from ..store import Columns, Sample
 from ..sysfs import parse_flat_keyed, read_int, read_text
 from ..topology import Topology
 from . import perf_event as pe
 from .base import Collector, CollectorUnavailable, Probe
-from .cgroup import CgroupCollector, CgroupLayout, OpenFiles, _Gone, _paths, detect_layout
+from .cgroup import CgroupCollector, CgroupLayout, OpenFiles, _ask, _Gone, _paths, _pread_or_none, detect_layout
 from .identity import ContainerIdentity, short_name
 from .perfmon import EventResolveError, EventSpec, load_perfmon, resolve
 
@@ -46,6 +52,9 @@ log = logging.getLogger(__name__)
 
 # Descriptors kept free for everything else the agent opens (sockets, files, BPF objects).
 FD_RESERVE = 256
+# The cgroup layout and the hierarchy carrying perf_event change only with a (re)mount: looked up again this
+# often, and at once after the collector was closed or found none.
+LAYOUT_REFRESH_SECONDS = 30.0
 
 _METRIC_OF_KEY = {
     "cycles": M.CONTAINER_CYCLES,
@@ -119,13 +128,16 @@ class Watched:
     retired: dict[int, float] = field(default_factory=dict)  # counts of CPU groups closed on a cpuset change
     prev_totals: dict[int, float] | None = None
     retired_times_ns: tuple[int, int] = (0, 0)  # enabled/running of CPU groups closed on a cpuset change
-    series: dict[int, tuple[str, dict[str, str], float]] = field(default_factory=dict)  # event -> its series
+    keys: list[tuple[str, dict[str, str]]] | None = None  # its series in row slot order (see _ROW_SLOTS), built once
+    row: list[float] = field(default_factory=list)  # their values at the last read of its groups (NaN: none)
     _labels: dict[str, dict[str, str]] = field(default_factory=dict)
     usage_file: OpenFiles = field(default_factory=OpenFiles)  # the container's CPU usage file, kept open
+    usage_path: str = ""  # its path ("" until known for the current cgroup layout)
     usage: bytes | None = None  # its text when the groups were last read
     read_at: float = 0.0  # and when
-    idle_runs: int = 0  # runs since, the groups not read (the container did not run)
+    read_cycle: int = 0  # and in which run (staggered at the first read, see PerfCollector._fill)
     times_ns: tuple[int, int] = (0, 0)  # enabled/running summed at that read
+    n_fds: int = 0  # descriptors held (kept equal to ``fds``)
 
     def labels(self, reason: str | None = None) -> dict[str, str]:
         """The container's labels (with an empty ``reason`` for perf_monitored), built once."""
@@ -140,6 +152,12 @@ class Watched:
         return sum(len(g.fds) for g in self.groups.values())
 
 
+# A watched container's slots in the collector's row: one per configured event (NaN while it has no count),
+# then these.
+_CPI, _MONITORED, _ENABLED, _RUNNING, _DESCRIPTORS = range(5)
+_ROW_SLOTS = 5
+
+
 class _NoPerfCgroup(Exception):
     pass
 
@@ -152,6 +170,33 @@ class _OutOfDescriptors(Exception):
 class Skipped:
     ident: ContainerIdentity
     reason: str  # budget | no_perf_cgroup | descriptor_limit | open_failed | no_cpus
+
+
+@dataclass
+class _Row:
+    """The collector's row (:class:`Columns`): every watched container's slots, a 0 for each skipped one, the
+    node-level series. The keys list and the values are kept from run to run while the watched and skipped
+    containers stay the same; a run writes the slots of the containers whose groups it read."""
+
+    watched: list[Watched]
+    skipped: list[Skipped]
+    tail_keys: list[tuple[str, Mapping[str, str]]]
+    keys: list[tuple[str, Mapping[str, str]]]
+    values: np.ndarray
+    stride: int  # slots per watched container
+    tail_at: int  # where the node-level series start
+    cpi: np.ndarray  # the CPI slots (written only in the runs that read the groups)
+    read_cycle: np.ndarray  # per watched container: the run of its last read
+    read_at: np.ndarray  # and its time
+    # The idle check: the CPU usage file of every watched container that has it open, read in one C-level
+    # loop; ``pidx[j]`` is the row index of ``pfds[j]``, ``ppos[i]`` the probe position of row index i (-1:
+    # none, its file is read on its own).
+    pfds: list[int]
+    psize: list[int]
+    pprev: list[bytes | None]
+    pidx: list[int]
+    ppos: list[int]
+    noprobe: list[int]
 
 
 def plan_selection(ranked: list[tuple[ContainerIdentity, bool, int]], watched: set[str], budget: int,
@@ -217,7 +262,29 @@ class PerfCollector(Collector):
         self._rate: dict[str, float] = {}
         self._budget: int | None = None
         self._root: PerfCgroupRoot | None = None
+        self._layout: CgroupLayout | None = None
+        self._looked_at = 0.0  # when the layout and the perf_event hierarchy were last looked up
         self._lock = threading.Lock()
+        # The selection's inputs at the last run that made one ((budget, supported events, CPUs), the identities,
+        # their target CPUs, the cgroup collector's snapshot they came from), and whether it left nothing to
+        # retry: while they stay the same the selection stands (see _collect).
+        self._sel_inputs: tuple | None = None
+        self._sel_idents: list[ContainerIdentity] | None = None
+        self._sel_targets: list[list[int]] | None = None
+        self._sel_infos: object = None
+        self._sel_retry: list[str] = []  # perf_event cgroup directories of the containers skipped for want of one
+        self._stable = False
+        self._narrowed: tuple[list[int], dict[frozenset[int], list[int]]] = ([], {})  # cpuset -> target CPUs
+        self._force: set[str] = set()  # containers whose groups are read in the next run whatever their usage
+        self._fds_total = 0  # descriptors held by all watched containers
+        self._row: _Row | None = None
+        self._cycle = 0  # runs so far
+        self.idle_groups = 0  # watched containers whose groups the last run did not read (they did not run)
+        self._skipped_keys: dict[tuple[str, str], tuple[tuple[str, dict[str, str]], ContainerIdentity]] = {}
+        self._node_keys: dict[tuple[str, tuple], tuple[str, Mapping[str, str]]] = {}
+        self._idx_cycles: int | None = None
+        self._idx_instr: int | None = None
+        self._units: list[float] = []  # per event: the factor from its count to its metric's unit
         self._resolve_events()
 
     # -- configuration -----------------------------------------------------------------------------
@@ -238,6 +305,9 @@ class PerfCollector(Collector):
             except EventResolveError as e:
                 self.unsupported[s] = str(e)
         self.events = events
+        self._idx_cycles = next((i for i, e in enumerate(events) if e.key == "cycles"), None)
+        self._idx_instr = next((i for i, e in enumerate(events) if e.key == "instructions"), None)
+        self._units = [_UNIT_SCALE.get(e.key, 1.0) for e in events]
         self._attrs = [pe.make_attr(ev.type, ev.config, ev.config1, ev.config2) for ev in events]
         self._events_probed = False
 
@@ -364,20 +434,37 @@ class PerfCollector(Collector):
         return CpuGroup(cpu, fds, ids)
 
     def _target_cpus(self, ident: ContainerIdentity) -> list[int]:
-        cpus = self.cpus()
-        if self.cfg.cpuset_only:
-            info = self.discovery.containers.get(ident.container_id)
-            cs = info.stats.cpuset if info else None
-            if cs:
-                narrowed = [c for c in cpus if c in cs]
-                if narrowed:
-                    return narrowed
-        return cpus
+        """The CPUs a container's groups are opened on: its cpuset as the cgroup collector read it last (with
+        ``cpuset_only``), else every usable CPU."""
+        return self._targets_of([ident], self.cpus(), getattr(self.discovery, "containers", {}))[0]
+
+    def _targets_of(self, idents: list[ContainerIdentity], cpus: list[int],
+                    infos: Mapping[str, object]) -> list[list[int]]:
+        """:meth:`_target_cpus` of each of ``idents``; a node has few distinct cpusets, each narrowed once."""
+        if not self.cfg.cpuset_only:
+            return [cpus] * len(idents)
+        cache = self._narrowed
+        if cache[0] != cpus:
+            cache = self._narrowed = (cpus, {})
+        out = []
+        for ident in idents:
+            info = infos.get(ident.container_id)
+            cs = info.stats.cpuset if info is not None else None  # type: ignore[attr-defined]
+            if not cs:
+                out.append(cpus)
+                continue
+            got = cache[1].get(cs)
+            if got is None:
+                if len(cache[1]) > 4096:
+                    cache[1].clear()
+                got = cache[1][cs] = [c for c in cpus if c in cs] or cpus
+            out.append(got)
+        return out
 
     def _sync_groups(self, root: PerfCgroupRoot, w: Watched, cpus: list[int]) -> None:
         want = set(cpus)
         if set(w.groups) != want:
-            w.usage = None  # groups change: read them this run
+            self._force.add(w.ident.container_id)  # groups change: read them this run
         for cpu in [c for c in w.groups if c not in want]:
             g = w.groups.pop(cpu)
             for i, v in g.last.items():
@@ -386,6 +473,7 @@ class PerfCollector(Collector):
             _close_group(g)
         missing = [c for c in cpus if c not in w.groups]
         if not missing:
+            w.n_fds = w.fds
             return
         try:
             cgfd = os.open(root.path / w.ident.cgroup_path.strip("/"), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -398,16 +486,20 @@ class PerfCollector(Collector):
                     w.groups[cpu] = opened
         finally:
             os.close(cgfd)
+            w.n_fds = w.fds
 
     # -- collection --------------------------------------------------------------------------------
-    def _rank(self, layout: CgroupLayout, idents: list[ContainerIdentity], now: float, refresh: bool = True):
+    def _rank(self, layout: CgroupLayout, idents: list[ContainerIdentity], targets: list[list[int]], now: float,
+              refresh: bool = True):
         per_event = len(self.supported_events)
         ranked = []
         rates: dict[str, float] = {}
         # CPU usage as the cgroup collector read it last (with its time), so the same file is not read twice;
         # only when the ranking is redone (``refresh``) and that reading is not newer than ours is it read here.
         infos = getattr(self.discovery, "containers", {})
-        for ident in idents:
+        prio_sel = self.cfg.priority
+        extra_first = self.cfg.extra_cgroups_first
+        for ident, cpus in zip(idents, targets, strict=True):
             cid = ident.container_id
             inf = infos.get(cid)
             prev = self._usage.get(cid)
@@ -422,56 +514,86 @@ class PerfCollector(Collector):
                     rates[cid] = (u - prev[1]) / (at - prev[0])
                 if not prev or at > prev[0]:
                     self._usage[cid] = (at, u)
-            prio = (self.cfg.extra_cgroups_first and is_extra_cgroup(ident)) or any(
-                matches(s, ident) for s in self.cfg.priority)
-            cost = len(self._target_cpus(ident)) * per_event
-            ranked.append((ident, prio, cost, rates.get(cid, self._rate.get(cid, 0.0)), u or 0.0))
+            prio = (extra_first and is_extra_cgroup(ident)) or (bool(prio_sel) and any(
+                matches(s, ident) for s in prio_sel))
+            ranked.append((ident, prio, len(cpus) * per_event, rates.get(cid, self._rate.get(cid, 0.0)), u or 0.0))
         self._rate = {**self._rate, **rates}
         ranked.sort(key=lambda r: (not r[1], -r[3], -r[4], r[0].container_id))
         return [(r[0], r[1], r[2]) for r in ranked]
 
     def collect(self, now: float) -> list[Sample]:
+        return self.collect_row(now).samples()
+
+    def collect_row(self, now: float) -> Columns:
+        """The run's series as one row of :class:`Columns`: the keys list is the same object as the last run's
+        while the watched and skipped containers stay the same, so the store resolves series only on change."""
         with self._lock:
             return self._collect(now)
 
-    def _collect(self, now: float) -> list[Sample]:
-        layout = detect_layout(self.cgroup_root)
-        root = find_perf_cgroup_root(self.cgroup_root)
-        if layout is None or root is None:
-            raise CollectorUnavailable(f"no cgroup hierarchy with perf_event under {self.cgroup_root}")
+    def _collect(self, now: float) -> Columns:
+        mono = self.clock()
+        if self._root is None or self._layout is None or mono - self._looked_at >= LAYOUT_REFRESH_SECONDS:
+            layout = detect_layout(self.cgroup_root)
+            root = find_perf_cgroup_root(self.cgroup_root)
+            if layout is None or root is None:
+                raise CollectorUnavailable(f"no cgroup hierarchy with perf_event under {self.cgroup_root}")
+            self._looked_at = mono
+        else:
+            layout, root = self._layout, self._root
         if root != self._root:
             self._close()
             self._root = root
             self._events_probed = False
+        if layout != self._layout:
+            self._layout = layout
+            for w in self.watched.values():
+                w.usage_file.close()
+                w.usage_path = ""
+            self._row = None
         if not self._events_probed:
             self._probe_events(root)
         if not self.supported_events:
             raise CollectorUnavailable("none of the configured perf events is supported here: " + "; ".join(
                 f"{k} ({v})" for k, v in self.unsupported.items()))
 
-        mono = self.clock()
         idents = self.discovery.identities(layout)
+        full = self._last_reselect is None or mono - self._last_reselect >= self.cfg.reselect_interval_seconds
+        cpus = self.cpus()
+        infos = getattr(self.discovery, "containers", {})
+        budget = self.budget()
+        # What the selection depends on. When none of it changed since a run whose selection left nothing to
+        # retry (every container watched on its CPUs, or skipped for the budget), the selection stands: no
+        # ranking, no planning, no group to open (the common run: containers that come and go change it).
+        inputs = (budget, len(self.supported_events), cpus)
+        same = (not full and self._stable and inputs == self._sel_inputs and idents == self._sel_idents
+                and not any(map(os.path.isdir, self._sel_retry)))
+        if same and infos is self._sel_infos:
+            return self._fill(now, layout, selected=False)
+        targets = self._targets_of(idents, cpus, infos)
+        if same and targets == self._sel_targets:
+            self._sel_infos = infos  # the cgroup collector ran again: no cpuset changed
+            return self._fill(now, layout, selected=False)
+
         live = {i.container_id for i in idents}
         for cid in [c for c in self.watched if c not in live]:
             self._close_watched(self.watched.pop(cid))
         self._usage = {k: v for k, v in self._usage.items() if k in live}
         self._rate = {k: v for k, v in self._rate.items() if k in live}
+        target_of = {i.container_id: t for i, t in zip(idents, targets, strict=True)}
 
-        full = self._last_reselect is None or mono - self._last_reselect >= self.cfg.reselect_interval_seconds
-        ranked = self._rank(layout, idents, now, refresh=full)
+        ranked = self._rank(layout, idents, targets, now, refresh=full)
         if full:
             self._last_reselect = mono
-        budget = self.budget()
         # The cost of a watched container is what it holds; a newcomer's is cpus x supported events.
-        held = {cid: w.fds for cid, w in self.watched.items()}
+        held = {cid: w.n_fds for cid, w in self.watched.items()}
         ranked = [(i, p, held.get(i.container_id, c) or c) for i, p, c in ranked]
         chosen, not_chosen = plan_selection(ranked, set(self.watched), budget, full)
 
         skipped: dict[str, Skipped] = {i.container_id: Skipped(i, "budget") for i in not_chosen}
         for ident in not_chosen:
-            w = self.watched.pop(ident.container_id, None)
-            if w:
-                self._close_watched(w)
+            gone = self.watched.pop(ident.container_id, None)
+            if gone is not None:
+                self._close_watched(gone)
         out_of_fds = False
         for ident in chosen:
             cid = ident.container_id
@@ -479,10 +601,13 @@ class PerfCollector(Collector):
                 skipped[cid] = Skipped(ident, "descriptor_limit")
                 continue
             w = self.watched.get(cid) or Watched(ident)
+            if w.prev_totals is None:
+                self._force.add(cid)
             if w.ident != ident:  # names arrived from the runtime: new labels
-                w.ident, w.series, w._labels, w.usage = ident, {}, {}, None
+                w.ident, w.keys, w._labels = ident, None, {}
+                self._force.add(cid)
             try:
-                self._sync_groups(root, w, self._target_cpus(ident))
+                self._sync_groups(root, w, target_of[cid])
             except _NoPerfCgroup:
                 skipped[cid] = Skipped(ident, "no_perf_cgroup")
                 self._close_watched(w)
@@ -504,18 +629,64 @@ class PerfCollector(Collector):
         if not self.supported_events:
             raise CollectorUnavailable("none of the configured perf events is supported here: " + "; ".join(
                 f"{k} ({v})" for k, v in self.unsupported.items()))
-        return self._read_all(now, layout)
+        # Nothing to retry: every container watched on all its CPUs, or skipped for the budget, or for want of
+        # its cgroup in the perf_event hierarchy (retried when that directory appears: runc makes a container's
+        # directory in one hierarchy after another).
+        self._stable = (all(s.reason in ("budget", "no_perf_cgroup") for s in skipped.values())
+                        and all(len(w.groups) == len(target_of[cid]) for cid, w in self.watched.items()))
+        self._sel_retry = [f"{root.path}/{s.ident.cgroup_path.strip('/')}" for s in skipped.values()
+                           if s.reason == "no_perf_cgroup"]
+        self._sel_inputs = (budget, len(self.supported_events), cpus)
+        self._sel_idents, self._sel_targets, self._sel_infos = idents, targets, infos
+        self._fds_total = sum(w.n_fds for w in self.watched.values())
+        return self._fill(now, layout)
 
-    def _series_of(self, w: Watched, i: int) -> tuple[str, dict[str, str], float]:
-        """Metric name, labels and unit factor of event ``i`` for a watched container (built once)."""
-        got = w.series.get(i)
-        if got is None:
-            ev = self.events[i]
+    def _keys_of(self, w: Watched) -> list[tuple[str, dict[str, str]]]:
+        """A watched container's series in row slot order: one per configured event, then _ROW_SLOTS."""
+        lab = w.labels()
+        keys = []
+        for ev in self.events:
             spec = _METRIC_OF_KEY.get(ev.key, M.CONTAINER_PERF_EVENTS)
-            lab = w.labels()
-            got = w.series[i] = (spec.name, lab if ev.key else {**lab, "event": ev.name},
-                                 _UNIT_SCALE.get(ev.key, 1.0))
+            keys.append((spec.name, lab if ev.key else {**lab, "event": ev.name}))
+        return keys + [(M.CONTAINER_CPI.name, lab), (M.CONTAINER_PERF_MONITORED.name, w.labels("reason")),
+                       (M.CONTAINER_PERF_ENABLED.name, lab), (M.CONTAINER_PERF_RUNNING.name, lab),
+                       (M.CONTAINER_PERF_DESCRIPTORS.name, lab)]
+
+    def _skipped_key(self, s: Skipped) -> tuple[str, dict[str, str]]:
+        got = self._skipped_keys.get((s.ident.container_id, s.reason))
+        if got is None or got[1] is not s.ident:
+            if len(self._skipped_keys) > 4 * max(1024, len(self.skipped)):
+                self._skipped_keys.clear()  # containers gone: start again
+            got = self._skipped_keys[(s.ident.container_id, s.reason)] = (
+                (M.CONTAINER_PERF_MONITORED.name, {**s.ident.labels(), "reason": s.reason}), s.ident)
+        return got[0]
+
+    def _key(self, metric: str, labels: Mapping[str, str]) -> tuple[str, Mapping[str, str]]:
+        """The one key tuple of a node-level series."""
+        k = (metric, tuple(labels.items()))
+        got = self._node_keys.get(k)
+        if got is None:
+            if len(self._node_keys) > 1024:
+                self._node_keys.clear()
+            got = self._node_keys[k] = (metric, labels)
         return got
+
+    def _tail(self) -> tuple[list[tuple[str, Mapping[str, str]]], list[float]]:
+        """The node-level series: which events are supported, descriptors, budget, containers skipped."""
+        keys: list[tuple[str, Mapping[str, str]]] = []
+        values: list[float] = []
+        for ev in self.events:
+            err = self.unsupported.get(ev.name, "")
+            keys.append(self._key(M.PERF_EVENT_SUPPORTED.name, {"event": ev.name, "error": err}))
+            values.append(0.0 if err else 1.0)
+        for name in self.cfg.events:
+            if name in self.unsupported and not any(ev.name == name for ev in self.events):
+                keys.append(self._key(M.PERF_EVENT_SUPPORTED.name, {"event": name, "error": self.unsupported[name]}))
+                values.append(0.0)
+        keys += [self._key(M.PERF_DESCRIPTORS.name, {}), self._key(M.PERF_DESCRIPTOR_BUDGET.name, {}),
+                 self._key(M.PERF_CONTAINERS_SKIPPED.name, {})]
+        values += [float(self._fds_total), float(self.budget()), float(len(self.skipped))]
+        return keys, values
 
     @property
     def refresh_runs(self) -> int:
@@ -523,96 +694,176 @@ class PerfCollector(Collector):
         collector's ``idle_refresh_seconds`` over this collector's interval (1: every run)."""
         return self.discovery.idle_refresh_runs(self.cfg.interval_seconds)
 
-    def _idle(self, w: Watched, layout: CgroupLayout, now: float, every: int, n: int) -> bool:
-        """Whether the container's tasks did not run since its groups were last read (its CPU usage file says
-        the same): cgroup events count, and their enabled/running times advance, only while the cgroup runs on
-        the CPU (kernel/events/core.c, perf_cgroup_event_time), so its counts stand."""
-        try:
-            usage = w.usage_file.read(_paths(layout, w.ident.cgroup_path, False)[0])
-        except _Gone:
-            usage = None
-        if (usage is not None and usage == w.usage and w.idle_runs + 1 < every and w.prev_totals is not None
-                and now - w.read_at < every * self.cfg.interval_seconds):
-            w.idle_runs += 1
-            return True
-        w.idle_runs = n % every if w.usage is None else 0  # containers watched together refresh in turn
-        w.usage, w.read_at = usage, now
-        return False
-
-    def _read_all(self, now: float, layout: CgroupLayout) -> list[Sample]:
-        samples: list[Sample] = []
-        idx_cycles = next((i for i, e in enumerate(self.events) if e.key == "cycles"), None)
-        idx_instr = next((i for i, e in enumerate(self.events) if e.key == "instructions"), None)
-        every = self.refresh_runs
-        for n, w in enumerate(self.watched.values()):
-            if every > 1 and self._idle(w, layout, now, every, n):
-                totals = w.prev_totals or {}
-                lab = w.labels()
-                for ev_i, count in totals.items():
-                    name, labels, unit = self._series_of(w, ev_i)
-                    samples.append(Sample(name, labels, count * unit))
-                samples.append(Sample(M.CONTAINER_PERF_MONITORED.name, w.labels("reason"), 1.0))
-                samples.append(Sample(M.CONTAINER_PERF_ENABLED.name, lab, w.times_ns[0] / 1e9))
-                samples.append(Sample(M.CONTAINER_PERF_RUNNING.name, lab, w.times_ns[1] / 1e9))
-                samples.append(Sample(M.CONTAINER_PERF_DESCRIPTORS.name, lab, float(w.fds)))
+    def _layout_row(self, layout: CgroupLayout, tail_keys: list[tuple[str, Mapping[str, str]]]) -> _Row:
+        """Lay out the row for the watched and skipped containers of this run, carrying their values."""
+        watched = list(self.watched.values())
+        skipped = list(self.skipped.values())
+        stride = len(self.events) + _ROW_SLOTS
+        keys: list[tuple[str, Mapping[str, str]]] = []
+        values: list[float] = []
+        pfds: list[int] = []
+        psize: list[int] = []
+        pprev: list[bytes | None] = []
+        pidx: list[int] = []
+        ppos: list[int] = []
+        noprobe: list[int] = []
+        for i, w in enumerate(watched):
+            if w.keys is None:
+                w.keys = self._keys_of(w)
+            if len(w.row) != stride:
+                w.row = [math.nan] * stride
+            keys += w.keys
+            values += w.row
+            if not w.usage_path:
+                w.usage_path = _paths(layout, w.ident.cgroup_path, False)[0]
+            fd = w.usage_file.fds.get(w.usage_path)
+            if fd is None or w.usage is None:
+                ppos.append(-1)
+                noprobe.append(i)
                 continue
-            totals = dict(w.retired)
-            enabled_ns, running_ns = w.retired_times_ns
-            for g in w.groups.values():
+            ppos.append(len(pfds))
+            pidx.append(i)
+            pfds.append(fd)
+            psize.append(_ask(len(w.usage)))
+            pprev.append(w.usage)
+        for s in skipped:
+            keys.append(self._skipped_key(s))
+            values.append(0.0)
+        tail_at = len(keys)
+        keys += tail_keys
+        values += [math.nan] * len(tail_keys)
+        n = len(watched)
+        return _Row(watched, skipped, tail_keys, keys, np.array(values, dtype=np.float64), stride, tail_at,
+                    np.arange(n, dtype=np.int64) * stride + len(self.events) + _CPI,
+                    np.array([w.read_cycle for w in watched], dtype=np.int64),
+                    np.array([w.read_at for w in watched], dtype=np.float64),
+                    pfds, psize, pprev, pidx, ppos, noprobe)
+
+    def _fill(self, now: float, layout: CgroupLayout, selected: bool = True) -> Columns:
+        """Read the groups of the watched containers that ran since their last read, and of those due for
+        their idle refresh, into the row; the others' slots stand.
+
+        Whether a container ran: its CPU usage file reads the same as at its last read (one kept-open
+        descriptor per container, read for all in one C-level loop). Cgroup events count, and their
+        enabled/running times advance, only while the cgroup runs on a CPU (kernel/events/core.c,
+        perf_cgroup_event_time), so the counts of a container that did not run stand. The idle ones are
+        read anyway at least once every :attr:`refresh_runs` runs (staggered), and when a run comes later
+        than that many intervals. ``selected``: the selection was made in this run (else it stood: the same
+        containers watched and skipped as when the row was laid out)."""
+        tail_keys, tail_values = self._tail()
+        row = self._row
+        if row is None or row.tail_keys != tail_keys or (selected and (
+                len(row.watched) != len(self.watched) or not all(map(is_, row.watched, self.watched.values()))
+                or row.skipped != list(self.skipped.values()) or any(w.keys is None for w in row.watched))):
+            row = self._row = self._layout_row(layout, tail_keys)
+        self._cycle += 1
+        cycle = self._cycle
+        every = self.refresh_runs
+        watched = row.watched
+        got: list[bytes | None] = []
+        if every > 1:
+            todo = set(row.noprobe)
+            if row.pfds:
+                sizes = row.psize
                 try:
-                    r = pe.read_group(g.fds[0], len(g.fds))
-                except (OSError, ValueError) as e:
-                    log.debug("perf read failed for %s cpu %d: %s", short_name(w.ident), g.cpu, e)
-                    enabled_ns += g.times_ns[0]
-                    running_ns += g.times_ns[1]
-                    continue
-                g.times_ns = (max(g.times_ns[0], r.time_enabled_ns), max(g.times_ns[1], r.time_running_ns))
+                    got = list(map(os.pread, row.pfds, sizes, repeat(0, len(sizes))))
+                except OSError:  # a cgroup removed before discovery saw it: read one by one
+                    got = list(map(_pread_or_none, row.pfds, sizes))
+                todo.update(compress(row.pidx, map(ne, got, row.pprev)))
+                if None in got or any(map(eq, map(len, got), sizes)):  # type: ignore[arg-type]
+                    # unreadable (read on its own), or as long as asked (it may have grown: ask for more)
+                    for i, b, size in zip(row.pidx, got, sizes, strict=True):
+                        if b is None or len(b) >= size:
+                            todo.add(i)
+                            if b is not None:
+                                self._row = None  # laid out again after this run, with the sizes of now
+            due = (cycle - row.read_cycle >= every) | (now - row.read_at >= every * self.cfg.interval_seconds)
+            todo.update(np.flatnonzero(due).tolist())
+            if self._force:
+                todo.update(i for i, w in enumerate(watched) if w.ident.container_id in self._force)
+        else:
+            todo = set(range(len(watched)))
+        self._force.clear()
+        values = row.values
+        if len(row.cpi):
+            values[row.cpi] = math.nan  # CPI only where the groups were read (as the counts' delta)
+        stride, n_ev = row.stride, len(self.events)
+        self.idle_groups = len(watched) - len(todo)
+        for i in sorted(todo):
+            w = watched[i]
+            j = row.ppos[i]
+            usage = None
+            if j >= 0:
+                usage = got[j] if got else None
+            elif every > 1:
+                try:
+                    usage = w.usage_file.read(w.usage_path or _paths(layout, w.ident.cgroup_path, False)[0])
+                except _Gone:
+                    usage = None
+            first = w.prev_totals is None
+            self._read_groups(w, n_ev)
+            w.usage, w.read_at = usage, now
+            # containers watched together refresh in turn
+            w.read_cycle = cycle - i % every if first and every > 1 else cycle
+            row.read_cycle[i], row.read_at[i] = w.read_cycle, now
+            values[i * stride:(i + 1) * stride] = w.row
+            if j < 0 and usage is not None and w.usage_file.fds.get(w.usage_path) is not None:
+                self._row = None  # its usage file is open now: in the probe from the next run
+        if got:
+            row.pprev = got
+        values[row.tail_at:] = tail_values
+        return Columns(row.keys, values.copy())
+
+    def _read_groups(self, w: Watched, n_ev: int) -> None:
+        """Read a container's groups into ``w.row``: counts scaled for multiplexing and summed over its CPUs
+        (with those of CPU groups closed before), CPI from the cycles and instructions deltas, the times."""
+        totals = dict(w.retired)
+        enabled_ns, running_ns = w.retired_times_ns
+        for g in w.groups.values():
+            try:
+                r = pe.read_group(g.fds[0], len(g.fds))
+            except (OSError, ValueError) as e:
+                log.debug("perf read failed for %s cpu %d: %s", short_name(w.ident), g.cpu, e)
                 enabled_ns += g.times_ns[0]
                 running_ns += g.times_ns[1]
-                for id_, raw in r.values.items():
-                    i = g.index_of_id.get(id_)
-                    if i is None:
-                        continue
-                    scaled = pe.scale_count(raw, r.time_enabled_ns, r.time_running_ns)
-                    if scaled is not None:
-                        # Extrapolation can dip when the multiplexing ratio changes; counters must not.
-                        g.last[i] = max(scaled, g.last.get(i, 0.0))
-                for i, v in g.last.items():
-                    totals[i] = totals.get(i, 0.0) + v
-            lab = w.labels()
-            for i, v in totals.items():
-                name, labels, unit = self._series_of(w, i)
-                samples.append(Sample(name, labels, v * unit))
-            if idx_cycles is not None and idx_instr is not None and w.prev_totals is not None:
-                dc = totals.get(idx_cycles, 0.0) - w.prev_totals.get(idx_cycles, 0.0)
-                di = totals.get(idx_instr, 0.0) - w.prev_totals.get(idx_instr, 0.0)
-                if di > 0 and dc >= 0:
-                    samples.append(Sample(M.CONTAINER_CPI.name, lab, dc / di))
-            w.prev_totals = totals
-            w.times_ns = (enabled_ns, running_ns)
-            samples.append(Sample(M.CONTAINER_PERF_MONITORED.name, w.labels("reason"), 1.0))
-            # The multiplexing made visible: counts above are scaled by enabled / running.
-            samples.append(Sample(M.CONTAINER_PERF_ENABLED.name, lab, enabled_ns / 1e9))
-            samples.append(Sample(M.CONTAINER_PERF_RUNNING.name, lab, running_ns / 1e9))
-            samples.append(Sample(M.CONTAINER_PERF_DESCRIPTORS.name, lab, float(w.fds)))
-        for s in self.skipped.values():
-            samples.append(Sample(M.CONTAINER_PERF_MONITORED.name, {**s.ident.labels(), "reason": s.reason}, 0.0))
-        for ev in self.events:
-            err = self.unsupported.get(ev.name, "")
-            samples.append(Sample(M.PERF_EVENT_SUPPORTED.name, {"event": ev.name, "error": err}, 0.0 if err else 1.0))
-        for name in self.cfg.events:
-            if name in self.unsupported and not any(ev.name == name for ev in self.events):
-                samples.append(Sample(M.PERF_EVENT_SUPPORTED.name, {"event": name, "error": self.unsupported[name]},
-                                      0.0))
-        samples.append(Sample(M.PERF_DESCRIPTORS.name, {}, float(sum(w.fds for w in self.watched.values()))))
-        samples.append(Sample(M.PERF_DESCRIPTOR_BUDGET.name, {}, float(self.budget())))
-        samples.append(Sample(M.PERF_CONTAINERS_SKIPPED.name, {}, float(len(self.skipped))))
-        return samples
+                continue
+            g.times_ns = (max(g.times_ns[0], r.time_enabled_ns), max(g.times_ns[1], r.time_running_ns))
+            enabled_ns += g.times_ns[0]
+            running_ns += g.times_ns[1]
+            for id_, raw in r.values.items():
+                i = g.index_of_id.get(id_)
+                if i is None:
+                    continue
+                scaled = pe.scale_count(raw, r.time_enabled_ns, r.time_running_ns)
+                if scaled is not None:
+                    # Extrapolation can dip when the multiplexing ratio changes; counters must not.
+                    g.last[i] = max(scaled, g.last.get(i, 0.0))
+            for i, v in g.last.items():
+                totals[i] = totals.get(i, 0.0) + v
+        out = [math.nan] * (n_ev + _ROW_SLOTS)
+        units = self._units
+        for i, v in totals.items():
+            out[i] = v * units[i]
+        ic, ii = self._idx_cycles, self._idx_instr
+        if ic is not None and ii is not None and w.prev_totals is not None:
+            dc = totals.get(ic, 0.0) - w.prev_totals.get(ic, 0.0)
+            di = totals.get(ii, 0.0) - w.prev_totals.get(ii, 0.0)
+            if di > 0 and dc >= 0:
+                out[n_ev + _CPI] = dc / di
+        w.prev_totals = totals
+        w.times_ns = (enabled_ns, running_ns)
+        out[n_ev + _MONITORED] = 1.0
+        # The multiplexing made visible: counts above are scaled by enabled / running.
+        out[n_ev + _ENABLED] = enabled_ns / 1e9
+        out[n_ev + _RUNNING] = running_ns / 1e9
+        out[n_ev + _DESCRIPTORS] = float(w.n_fds)
+        w.row = out
 
     def _close_watched(self, w: Watched) -> None:
         for g in w.groups.values():
             _close_group(g)
         w.groups.clear()
+        w.n_fds = 0
         w.usage_file.close()
         w.usage = None
 
@@ -625,6 +876,10 @@ class PerfCollector(Collector):
             self._close_watched(w)
         self.watched.clear()
         self.skipped.clear()
+        self._row = None
+        self._stable = False
+        self._fds_total = 0
+        self._looked_at = float("-inf")
 
 
 def _close_group(g: CpuGroup) -> None:

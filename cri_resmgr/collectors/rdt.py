@@ -38,11 +38,14 @@ from __future__ import annotations
 import errno
 import fnmatch
 import logging
+import math
 import os
 import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from itertools import repeat
+from operator import eq, is_
 from pathlib import Path
 
 import numpy as np
@@ -52,7 +55,7 @@ from ..config import RdtCollectorConfig
 from ..store import Columns, Sample
 from ..sysfs import read_int, read_text
 from .base import Collector, CollectorUnavailable, Probe
-from .cgroup import CgroupCollector, CgroupLayout, OpenFiles, _Gone, _paths, detect_layout
+from .cgroup import CgroupCollector, CgroupLayout, OpenFiles, _ask, _Gone, _paths, _pread_or_none, detect_layout
 from .identity import ContainerIdentity, short_name
 
 log = logging.getLogger(__name__)
@@ -61,6 +64,9 @@ GROUP_PREFIX = "cri-resmgr."
 MBM_FILES = {"mbm_total_bytes": "total", "mbm_local_bytes": "local"}
 OCCUPANCY_FILE = "llc_occupancy"
 NOT_COUNTS = ("Unavailable", "Error", "Unassigned")
+# Bytes asked of a counter file: a 64-bit decimal value or one of NOT_COUNTS and a newline fit; a longer text
+# is read again whole.
+COUNTER_READ_SIZE = 64
 RESERVED_DIRS = {"info", "mon_groups", "mon_data"}
 RMID_RETRY_SECONDS = 30.0
 # RMIDs in limbo are freed when the kernel's limbo worker sees their occupancy drop (every second or so).
@@ -172,11 +178,12 @@ class MonGroup:
     occupancy: list[tuple[tuple[str, dict[str, str]], float]] = field(default_factory=list)  # as last read
     usage_path: str = ""  # the container's CPU usage file ("" until known for the current cgroup layout)
     threads_path: str = ""  # its thread list, likewise
+    reads: list[tuple[str, int, str]] | None = None  # (file, cache id, path) read every cycle
+    read_fds: list[int] | None = None  # their descriptors, once all are open
 
     @property
     def ctrl(self) -> Path:
         return self.path.parent.parent
-    reads: list[tuple[str, int, str]] | None = None  # (file, cache id, path) read every cycle
 
 
 @dataclass
@@ -244,23 +251,75 @@ class Watch:
             self.gaps = True
         self.last_read = None
 
-    def append_estimates(self, now: float, keys: list[tuple[str, Mapping[str, str]]], values: list[float]) -> None:
-        """The bandwidth series' keys and values: bytes over the container's whole observed life, what was seen
-        scaled by elapsed / watched time when it was not watched all along (as perf scales multiplexed counts by
-        enabled / running), never below what was exported before."""
-        if self.first_read is None or not self.observed:
-            return
-        scale = max(1.0, (now - self.first_read) / self.watched_seconds) if self.gaps and self.watched_seconds > 0 \
-            else 1.0
-        observed, exported = self.observed, self.exported
-        for key, skey in self.bandwidth_items():
-            est = observed[key] * scale
-            e = exported.get(key, 0.0)
-            if est < e:
-                est = e  # kept monotonic
-            exported[key] = est
-            keys.append(skey)
-            values.append(est)
+
+@dataclass
+class _Row:
+    """The collector's row (:class:`Columns`), laid out for the MON groups, watches and unmonitored containers
+    of a run and kept, with its keys list, while they and their series stay the same. A run writes what it
+    read into it, and the bandwidth estimates as one vector operation: every container ever watched has its
+    estimates written every run, and those of a container not watched all along change every run (scaled by
+    elapsed / watched time)."""
+
+    keys: list[tuple[str, Mapping[str, str]]]
+    values: np.ndarray
+    groups: list[str]  # the containers with a MON group, as laid out
+    wids: list[str]  # the containers with a watch, as laid out
+    watches: list[Watch]  # and their watches
+    widx: dict[str, int]  # container id -> index of its watch
+    occ_at: dict[str, int]  # container id -> where its group's occupancy series start
+    est_at: dict[str, tuple[int, int]]  # container id -> (start, count) of its estimates in the arrays below
+    est_slot: np.ndarray  # per estimate: its position in the row
+    est_w: np.ndarray  # its watch
+    obs: np.ndarray  # the bytes seen (Watch.observed)
+    exp: np.ndarray  # the last estimate written (kept monotonic)
+    ms_slot: np.ndarray  # the monitored-seconds series' positions
+    ms_w: np.ndarray  # and their watches
+    first: np.ndarray  # per watch: Watch.first_read (NaN: None)
+    seconds: np.ndarray  # Watch.watched_seconds
+    gaps: np.ndarray  # Watch.gaps
+    tail_at: int  # where the node-level series start
+    tail_keys: list[tuple[str, Mapping[str, str]]]
+    unmonitored: dict[str, tuple[ContainerIdentity, str]]  # as laid out
+
+    def read(self, cid: str, w: Watch, occupancy: list[tuple[tuple[str, dict[str, str]], float]]) -> None:
+        """The counters of ``cid``'s group were read (its series the same as laid out)."""
+        at = self.occ_at[cid]
+        for k, (_key, v) in enumerate(occupancy):
+            self.values[at + k] = v
+        got = self.est_at.get(cid)
+        if got is not None:
+            self.obs[got[0]:got[0] + got[1]] = list(w.observed.values())
+
+    def fill(self, now: float, tail_values: list[float]) -> Columns:
+        """The estimates: bytes over the container's whole observed life, what was seen scaled by elapsed /
+        watched time when it was not watched all along (as perf scales multiplexed counts by enabled /
+        running), never below what was written before."""
+        values = self.values
+        if len(self.est_slot):
+            ws = self.seconds
+            with np.errstate(divide="ignore", invalid="ignore"):
+                scale = np.where(self.gaps & (ws > 0), np.maximum(1.0, (now - self.first) / ws), 1.0)
+            self.exp = np.maximum(self.obs * scale[self.est_w], self.exp)
+            values[self.est_slot] = self.exp
+        if len(self.ms_slot):
+            values[self.ms_slot] = self.seconds[self.ms_w]
+        values[self.tail_at:] = tail_values
+        return Columns(self.keys, values.copy())
+
+    def save(self) -> None:
+        """Keep the estimates written into the watches (the next layout starts from them)."""
+        exp = self.exp.tolist()
+        for cid, (start, count) in self.est_at.items():
+            w = self.watches[self.widx[cid]]
+            for k, key in enumerate(list(w.observed)[:count]):
+                w.exported[key] = exp[start + k]
+
+
+def _read_or_none(files: OpenFiles, path: str) -> bytes | None:
+    try:
+        return files.read(path)
+    except _Gone:
+        return None
 
 
 def read_small(path: Path) -> str | None:
@@ -350,7 +409,11 @@ class RdtCollector(Collector):
         self._recheck = False  # a kept-open counter file said its group is gone: look again next run
         self._node_reads: list[tuple[str, str, int, str]] = []  # (ctrl group, file, cache id, path): node totals
         self._node_files = OpenFiles()  # those files, kept open
+        self._node_group: MonGroup | None = None  # and as a group's reads, read with the groups' (_read_counters)
         self._codes: dict[str, str] = {}  # unmonitored reason -> its rdt_monitored reason label
+        self._row: _Row | None = None  # the last run's row, kept while its series stay the same
+        self._probe: tuple[list[MonGroup], list[int], list[int]] | None = None  # see _make_probe
+        self._dirty = False  # a watch lost its group or was renamed in this run: lay the row out again
         self._lock = threading.Lock()
 
     def reconfigure(self, cfg: RdtCollectorConfig) -> None:
@@ -569,16 +632,46 @@ class RdtCollector(Collector):
             return []
         return sorted(out)
 
-    def _read_kept(self, files: OpenFiles, path: str) -> MonValue:
-        try:
-            b = files.read(path)
-        except _Gone:
-            b = None
+    def _mon_value(self, b: bytes | None) -> MonValue:
+        """A counter file's text (None: unreadable) as a value, counted in :attr:`readings`."""
         if b is None:
             self._recheck = True  # the group (or resctrl) may be gone: look at the directories next run
         v = parse_mon_value(b.decode() if b is not None else None)
         self.readings[v.status] = self.readings.get(v.status, 0) + 1
         return v
+
+    def _read_counters(self, groups: list[MonGroup]) -> list[list[bytes | None]]:
+        """The text of each group's counter files (``MonGroup.reads``), None where unreadable. The files are
+        kept open, and once all of a group's are, they are read for every group in one C-level loop: on
+        resctrl each read is an IPI to a CPU of the domain (mon_event_read), on the test emulator a round trip
+        to its FUSE server; nothing in between."""
+        fds: list[int] = []
+        for g in groups:
+            if g.read_fds is not None:
+                fds += g.read_fds
+        got: list[bytes | None] = []
+        if fds:
+            try:
+                got = list(map(os.pread, fds, repeat(COUNTER_READ_SIZE, len(fds)), repeat(0, len(fds))))
+            except OSError:  # a group removed behind our back (ENODEV): read one by one
+                got = [_pread_or_none(fd, COUNTER_READ_SIZE) for fd in fds]
+        out: list[list[bytes | None]] = []
+        k = 0
+        for g in groups:
+            reads = g.reads or []
+            if g.read_fds is not None:
+                texts = got[k:k + len(reads)]
+                k += len(reads)
+                for j, b in enumerate(texts):
+                    if b is not None and len(b) >= COUNTER_READ_SIZE:  # longer than a counter: read it all
+                        texts[j] = _read_or_none(g.files, reads[j][2])
+            else:
+                texts = [_read_or_none(g.files, path) for _, _, path in reads]
+                kept = [g.files.fds.get(path) for _, _, path in reads]
+                if all(fd is not None for fd in kept):
+                    g.read_fds = kept  # type: ignore[assignment]
+            out.append(texts)
+        return out
 
     def collect(self, now: float) -> list[Sample]:
         return self.collect_row(now).samples()
@@ -587,12 +680,7 @@ class RdtCollector(Collector):
         """The run's series as one row of :class:`Columns`; the keys list is the same object as the last run's
         while the series are the same (between rotation slices), so the store resolves them only on change."""
         with self._lock:
-            keys, values = self._collect(now)
-        if keys == self._row_keys:  # the same key tuples, compared by identity first
-            keys = self._row_keys
-        else:
-            self._row_keys = keys
-        return Columns(keys, np.array(values, dtype=np.float64))
+            return self._collect(now)
 
     def _key(self, metric: str, labels: Mapping[str, str]) -> tuple[str, Mapping[str, str]]:
         """The one key tuple of a node-level series (few: per L3 domain, or none)."""
@@ -623,17 +711,19 @@ class RdtCollector(Collector):
         if reads != self._node_reads:
             self._node_files.close()
             self._node_reads = reads
+            self._node_group = None
         self._static = (info, layout, domain_ids)
         self._static_at = self.clock()
         return self._static
 
-    def _collect(self, now: float) -> tuple[list[tuple[str, Mapping[str, str]]], list[float]]:
+    def _collect(self, now: float) -> Columns:
         static = self._static
         look = static is None or self._recheck or self.clock() - self._static_at >= STATIC_REFRESH_SECONDS
         if look:
             prev_layout = static[1] if static is not None else None
             static = self._look()
             if prev_layout is not None and prev_layout != static[1]:
+                self._probe = None
                 for g in self.groups.values():
                     g.usage_path = g.threads_path = ""
         assert static is not None
@@ -662,6 +752,7 @@ class RdtCollector(Collector):
                 del self.groups[cid]
                 if cid in self.watches:
                     self.watches[cid].lost_group()
+                    self._dirty = True
 
         for cid in [c for c, g in self.groups.items() if g.misplaced]:
             g = self.groups[cid]
@@ -672,6 +763,7 @@ class RdtCollector(Collector):
                 self._rmid_exhausted_at = None
                 if cid in self.watches:
                     self.watches[cid].lost_group()
+                    self._dirty = True
             else:
                 g.misplaced = False
 
@@ -680,11 +772,15 @@ class RdtCollector(Collector):
             self._rmdir(self.groups.pop(cid))  # rotated out: its RMID goes to the next container
             self._rmid_exhausted_at = None
             self.watches.setdefault(cid, Watch(idents[cid])).lost_group()
+            self._dirty = True
         for cid, why in desired.items():
             w = self.watches.get(cid) or self.watches.setdefault(cid, Watch(idents[cid]))
             if w.ident is not idents[cid] and w.ident != idents[cid]:
                 w.rename(idents[cid])  # names arrived from the runtime
-            w.reason = why
+                self._dirty = True
+            if w.reason != why:
+                w.reason = why
+                self._dirty = True
             if cid in self.groups:
                 continue
             at = self._rmid_exhausted_at
@@ -697,12 +793,11 @@ class RdtCollector(Collector):
             if made is not None:
                 self.groups[cid] = made
                 w.lost_group()  # a new RMID: its first read is a baseline
+                self._dirty = True
         for cid, ident in idents.items():
             if cid not in self.groups and cid not in self.unmonitored:
                 self.unmonitored[cid] = (ident, "waiting for its rotation slice")
 
-        keys: list[tuple[str, Mapping[str, str]]] = []
-        values: list[float] = []
         width = self.cfg.mbm_counter_width_bits
         mbm = [f for f in MBM_FILES if f in info.features]
         occ = OCCUPANCY_FILE in info.features
@@ -711,9 +806,29 @@ class RdtCollector(Collector):
         idle_seconds = every * self.cfg.interval_seconds  # also a bound in time: runs may come late
         self.idle_groups = 0
         log_reads: list[str] | None = [] if self.read_log is not None else None
+        row = self._row
+        if row is not None and (self._dirty or row.groups != list(self.groups) or row.wids != list(self.watches)):
+            row = None
+        # The containers' CPU usage files, kept open, read for all groups in one C-level loop (see _probe).
+        probe = self._probe
+        got: list[bytes | None] | None = None
+        if every > 1 and probe is not None and len(probe[0]) == len(self.groups) and all(
+                map(is_, probe[0], self.groups.values())):
+            fds, sizes = probe[1], probe[2]
+            try:
+                got = list(map(os.pread, fds, sizes, repeat(0, len(sizes))))
+            except OSError:  # a cgroup removed before discovery saw it: read one by one
+                got = list(map(_pread_or_none, fds, sizes))
+            if None in got or any(map(eq, map(len, got), sizes)):  # type: ignore[arg-type]
+                got = None  # unreadable, or as long as asked (it may have grown): each read on its own
+        self._probe = None if got is None else probe
+        due: list[tuple[str, MonGroup, Watch]] = []  # the groups whose counters this run reads
         for n, (cid, g) in enumerate(self.groups.items()):
             w = self.watches.get(cid) or self.watches.setdefault(cid, Watch(g.ident))
-            usage_path, usage = self._usage(layout, g) if every > 1 else ("", None)
+            if got is not None:
+                usage_path, usage = g.usage_path, got[n]
+            else:
+                usage_path, usage = self._usage(layout, g) if every > 1 else ("", None)
             if log_reads is not None and usage_path:
                 log_reads.append(usage_path)
             if (usage is not None and usage == g.usage and g.idle_runs + 1 < every and w.last_read is not None
@@ -723,9 +838,6 @@ class RdtCollector(Collector):
                 # stand; occupancy can drop (others evict its lines) and is read again within ``every`` runs.
                 g.idle_runs += 1
                 self.idle_groups += 1
-                for occ_key, occ_bytes in g.occupancy:
-                    keys.append(occ_key)
-                    values.append(occ_bytes)
             else:
                 first = g.usage is None
                 g.usage, g.read_at = usage, now
@@ -737,44 +849,132 @@ class RdtCollector(Collector):
                 if log_reads is not None:
                     log_reads += [p for _, _, p in g.reads]
                     log_reads.append(self._threads_path(layout, g))
-                g.occupancy = []
-                for fname, cache_id, path in g.reads:
-                    v = self._read_kept(g.files, path)
-                    if v.value is None:
-                        continue
-                    if fname == OCCUPANCY_FILE:
-                        k = w.key(M.CONTAINER_LLC_OCCUPANCY.name, "cache_id", str(cache_id))
-                        g.occupancy.append((k, float(v.value)))
-                        keys.append(k)
-                        values.append(float(v.value))
-                        continue
-                    key = (fname, cache_id)
-                    prev = w.last_raw.get(key)
-                    if prev is not None:
-                        w.observed[key] = w.observed.get(key, 0) + counter_delta(prev, v.value, width)
-                    else:
-                        w.observed.setdefault(key, 0)
-                    w.last_raw[key] = v.value
+                due.append((cid, g, w))
             # Watched time runs whether or not the counters were read: the group counted all along.
             if w.first_read is None:
                 w.first_read = now
+                row = None  # its monitored-seconds series starts
             elif w.last_read is not None and now > w.last_read:
                 w.watched_seconds += now - w.last_read
             w.last_read = now
             w.last_watched = now
+            if row is not None:
+                i = row.widx.get(cid)
+                if i is None:
+                    row = None
+                else:
+                    row.seconds[i] = w.watched_seconds
+        # Every counter file this run reads, the node totals' too, in one go (see _read_counters).
+        node = self._node_group
+        if node is None:  # (made again by _look when the files change)
+            node = self._node_group = MonGroup(ContainerIdentity("", "", "", "", ""), self.root, files=self._node_files,
+                                               reads=[(f, c, path) for _, f, c, path in self._node_reads])
+        counters = self._read_counters([*(g for _, g, _ in due), node])
+        node_texts = counters.pop()
+        for (cid, g, w), texts in zip(due, counters, strict=True):
+            occupancy = []
+            n_observed = len(w.observed)
+            for (fname, cache_id, _path), text in zip(g.reads or (), texts, strict=True):
+                v = self._mon_value(text)
+                if v.value is None:
+                    continue
+                if fname == OCCUPANCY_FILE:
+                    occupancy.append((w.key(M.CONTAINER_LLC_OCCUPANCY.name, "cache_id", str(cache_id)),
+                                      float(v.value)))
+                    continue
+                key = (fname, cache_id)
+                prev = w.last_raw.get(key)
+                if prev is not None:
+                    w.observed[key] = w.observed.get(key, 0) + counter_delta(prev, v.value, width)
+                else:
+                    w.observed.setdefault(key, 0)
+                w.last_raw[key] = v.value
+            if row is not None:
+                if (len(occupancy) != len(g.occupancy)
+                        or not all(a[0] is b[0] for a, b in zip(occupancy, g.occupancy, strict=True))
+                        or len(w.observed) != n_observed):
+                    row = None  # a series came or went: laid out again below
+                else:
+                    row.read(cid, w, occupancy)
+            g.occupancy = occupancy
         if log_reads is not None and self.read_log is not None:
             self.read_log.append(log_reads)
+        if self._probe is None and every > 1:
+            self._probe = self._make_probe()
+        tail = self._node_totals(width, node_texts)
+        if info.num_rmids is not None:
+            tail.append(Sample(M.RDT_RMIDS.name, {}, float(info.num_rmids)))
+        if self.capacity is not None:
+            tail.append(Sample(M.RDT_RMID_BUDGET.name, {}, float(self.capacity)))
+        tail.append(Sample(M.RDT_MON_GROUPS.name, {}, float(len(self.groups))))
+        tail.append(Sample(M.RDT_WRITE_ERRORS.name, {}, float(self.write_errors_total)))
+        tail_keys = [self._key(smp.metric, smp.labels) for smp in tail]
+        if row is None or row.tail_keys != tail_keys or row.unmonitored != self.unmonitored:
+            if self._row is not None:
+                self._row.save()  # the estimates exported so far, into the watches
+            row = self._layout_row(tail_keys, len(idents))
+        self._row = row
+        self._dirty = False
+        return row.fill(now, [smp.value for smp in tail])
+
+    def _make_probe(self) -> tuple[list[MonGroup], list[int], list[int]] | None:
+        """(the groups, their CPU usage files' descriptors, the bytes to ask of each), when every group has
+        that file open; None otherwise (read one by one until then)."""
+        fds: list[int] = []
+        sizes: list[int] = []
+        for g in self.groups.values():
+            fd = g.files.fds.get(g.usage_path) if g.usage_path else None
+            if fd is None or g.usage is None:
+                return None
+            fds.append(fd)
+            sizes.append(_ask(len(g.usage)))
+        return list(self.groups.values()), fds, sizes
+
+    def _layout_row(self, tail_keys: list[tuple[str, Mapping[str, str]]], n_idents: int) -> _Row:
+        """Lay out the row for the groups, watches and unmonitored containers of this run."""
+        keys: list[tuple[str, Mapping[str, str]]] = []
+        values: list[float] = []
+        occ_at: dict[str, int] = {}
+        for cid, g in self.groups.items():
+            occ_at[cid] = len(keys)
+            for k, v in g.occupancy:
+                keys.append(k)
+                values.append(v)
+        widx: dict[str, int] = {}
+        est_slot: list[int] = []
+        est_w: list[int] = []
+        obs: list[float] = []
+        exp: list[float] = []
+        est_at: dict[str, tuple[int, int]] = {}
+        ms_slot: list[int] = []
+        ms_w: list[int] = []
         groups = self.groups
-        for cid, w in self.watches.items():
-            w.append_estimates(now, keys, values)
-            if w.first_read is not None:
-                keys.append(w.key(M.CONTAINER_RDT_MONITORED_SECONDS.name, "", ""))
-                values.append(w.watched_seconds)
+        watches = list(self.watches.values())
+        for i, (cid, w) in enumerate(self.watches.items()):
+            widx[cid] = i
+            if w.first_read is None:
+                continue
+            est_at[cid] = (len(obs), len(w.observed))
+            for key, skey in w.bandwidth_items():
+                est_slot.append(len(keys))
+                est_w.append(i)
+                obs.append(float(w.observed[key]))
+                exp.append(w.exported.get(key, 0.0))
+                keys.append(skey)
+                values.append(math.nan)
+            ms_slot.append(len(keys))
+            ms_w.append(i)
+            keys.append(w.key(M.CONTAINER_RDT_MONITORED_SECONDS.name, "", ""))
+            values.append(math.nan)
             if cid in groups:
                 keys.append(w.key(M.CONTAINER_RDT_MONITORED.name, "reason", w.reason))
                 values.append(1.0)
+        for cid, w in self.watches.items():  # (a watch not read yet is monitored all the same)
+            if w.first_read is None and cid in groups:
+                keys.append(w.key(M.CONTAINER_RDT_MONITORED.name, "reason", w.reason))
+                values.append(1.0)
         unmon = self._unmonitored_keys
-        if len(unmon) > 4 * max(64, len(idents)):
+        if len(unmon) > 4 * max(64, n_idents):
             unmon.clear()  # containers gone: start again
         codes = self._codes
         if len(codes) > 64:
@@ -789,17 +989,22 @@ class RdtCollector(Collector):
                 got = unmon[(cid, code)] = ((M.CONTAINER_RDT_MONITORED.name, {**ident.labels(), "reason": code}), ident)
             keys.append(got[0])
             values.append(0.0)
-        tail = self._node_totals(width)
-        if info.num_rmids is not None:
-            tail.append(Sample(M.RDT_RMIDS.name, {}, float(info.num_rmids)))
-        if self.capacity is not None:
-            tail.append(Sample(M.RDT_RMID_BUDGET.name, {}, float(self.capacity)))
-        tail.append(Sample(M.RDT_MON_GROUPS.name, {}, float(len(self.groups))))
-        tail.append(Sample(M.RDT_WRITE_ERRORS.name, {}, float(self.write_errors_total)))
-        for smp in tail:
-            keys.append(self._key(smp.metric, smp.labels))
-            values.append(smp.value)
-        return keys, values
+        tail_at = len(keys)
+        keys += tail_keys
+        values += [math.nan] * len(tail_keys)
+        if keys == self._row_keys:  # the same key tuples, compared by identity first: the store's plan stands
+            keys = self._row_keys
+        else:
+            self._row_keys = keys
+        return _Row(keys, np.array(values, dtype=np.float64), list(groups), list(self.watches), watches, widx,
+                    occ_at, est_at, np.array(est_slot, dtype=np.int64), np.array(est_w, dtype=np.int64),
+                    np.array(obs, dtype=np.float64), np.array(exp, dtype=np.float64),
+                    np.array(ms_slot, dtype=np.int64), np.array(ms_w, dtype=np.int64),
+                    np.array([w.first_read if w.first_read is not None else math.nan for w in watches],
+                             dtype=np.float64),
+                    np.array([w.watched_seconds for w in watches], dtype=np.float64),
+                    np.array([w.gaps for w in watches], dtype=bool),
+                    tail_at, tail_keys, dict(self.unmonitored))
 
     # -- the RMID budget -----------------------------------------------------------------------------
     def rmids_used_by_others(self) -> int:
@@ -906,13 +1111,14 @@ class RdtCollector(Collector):
         w = self.watches.get(cid)
         return w.last_watched if w is not None else float("-inf")
 
-    def _node_totals(self, width: int) -> list[Sample]:
-        """Sums over the CTRL_MON groups (listed by _look, their files kept open)."""
+    def _node_totals(self, width: int, texts: list[bytes | None]) -> list[Sample]:
+        """Sums over the CTRL_MON groups (listed by _look, their files kept open): ``texts`` are their counter
+        files as read this run, in ``_node_reads`` order."""
         bw: dict[tuple[str, int], int] = {}
         occupancy: dict[int, int] = {}
         node = self._node
-        for ctrl, fname, cache_id, path in self._node_reads:
-            v = self._read_kept(self._node_files, path)
+        for (ctrl, fname, cache_id, _path), text in zip(self._node_reads, texts, strict=True):
+            v = self._mon_value(text)
             if fname == OCCUPANCY_FILE:
                 if v.value is not None:
                     occupancy[cache_id] = occupancy.get(cache_id, 0) + v.value
@@ -938,11 +1144,16 @@ class RdtCollector(Collector):
             self._close()
 
     def _close(self) -> None:
+        if self._row is not None:
+            self._row.save()  # the watches outlive their groups: their estimates go on from what was written
         for g in self.groups.values():
             self._rmdir(g)
         self.groups.clear()
         self._node_files.close()
+        self._node_group = None
         self._static = None
+        self._row = None
+        self._probe = None
 
 
 
