@@ -22,6 +22,7 @@ fixture (default configuration, and with 20 moves per round), median of repeated
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import time
@@ -146,30 +147,34 @@ def rows_of(prob: Problem, plan) -> tuple[np.ndarray, dict[int, int]]:
     return rows, choice
 
 
-def quality(sizes: list[int], seeds: list[int], milp: bool, limit_s: float, budget: int | None = None) -> list[dict]:
+def quality(sizes: list[int], seeds: list[int], milp: bool, limit_s: float, budget: int | None = None,
+            families: list[str] | None = None, out: Path | None = None) -> list[dict]:
     rows = []
     for n in sizes:
-        for fam in FAMILIES:
+        for fam in families or FAMILIES:
             for seed in seeds:
                 r = instance(fam, SMALL, n, seed, budget or n, milp, limit_s)
                 rows.append(r)
-                print_row(r)
+                print_row(r, out, "unlimited" if budget is None else "budget")
     return rows
 
 
-def random_instances(count: int, milp: bool, limit_s: float) -> list[dict]:
-    """``count`` instances across families, machines, sizes and move budgets; every parameter printed."""
+def random_instances(count: int, milp: bool, limit_s: float, first: int = 0, out: Path | None = None) -> list[dict]:
+    """Instances ``first`` … ``first + count − 1`` of one fixed sequence across families, machines, sizes and
+    move budgets (a part of the sequence is the same instances as in a whole run); every parameter printed."""
     rng = np.random.default_rng(20261203)
     fams = list(FAMILIES)
     rows = []
-    for k in range(count):
+    for k in range(first + count):
         fam = fams[k % len(fams)]
         machine = (SMALL, MID)[int(rng.integers(2))]
         n = int(rng.choice([8, 12, 16, 24]))
         budget = int(rng.choice([2, 3, 4, 6, n]))
+        if k < first:
+            continue
         r = instance(fam, machine, n, 100 + k, budget, milp, limit_s)
         rows.append(r)
-        print_row(r)
+        print_row(r, out, "random")
     return rows
 
 
@@ -182,7 +187,7 @@ def print_header(milp: bool) -> None:
     print(cols)
 
 
-def print_row(r: dict) -> None:
+def print_row(r: dict, out: Path | None = None, table: str = "") -> None:
     line = (f"{r['machine']:22s} {r['n']:3d} {r['budget']:3d} {r['family']:17s} {r['seed']:4d} {r['j0']:9.1f} "
             f"{r['heur']:9.1f} {r['heur_moves']:3d} "
             f"{r['plan']:9.1f} {r['plan_moves']:3d} {r['plan_ms']:6.1f} {r['plan0']:9.1f} {r['plan0_moves']:3d}")
@@ -196,6 +201,9 @@ def print_row(r: dict) -> None:
         flag = "" if r["status"] == "Optimal" else f" ({r['status']})"
         line += f" {r['opt']:9.1f} {r['opt_moves']:3d} {r['opt_s']:7.1f} {gap:6.1f} {gap0:6.1f} {cap:7.1f}%{flag}"
     print(line, flush=True)
+    if out is not None:
+        with out.open("a") as f:
+            f.write(json.dumps({"table": table, **r}) + "\n")
 
 
 def summary(rows: list[dict], milp: bool) -> None:
@@ -205,6 +213,8 @@ def summary(rows: list[dict], milp: bool) -> None:
     print(f"{'family':17s} {'ancestor/J0':>11} {'planner/J0':>10}" + extra)
     for fam in list(FAMILIES) + ["all"]:
         rs = [r for r in rows if fam in ("all", r["family"])]
+        if not rs:
+            continue
         h = statistics.mean(r["heur"] / r["j0"] if r["j0"] > 0 else 1.0 for r in rs)
         p = statistics.mean(r["plan"] / r["j0"] if r["j0"] > 0 else 1.0 for r in rs)
         line = f"{fam:17s} {h:11.3f} {p:10.3f}"
@@ -222,6 +232,25 @@ def summary(rows: list[dict], milp: bool) -> None:
         print(f"\nwithin 5% of the optimum: default {within}/{len(rows)}, "
               f"no hysteresis {within0}/{len(rows)} instances; "
               f"no more moves than the optimum: default {fewer}/{len(rows)}, no hysteresis {fewer0}/{len(rows)}")
+
+
+def summarize(path: Path) -> int:
+    """The summaries of rows appended by parts of a run (--jsonl), one per table; the last row of an
+    instance counts (a part run again replaces its rows)."""
+    latest: dict[tuple, dict] = {}
+    for line in path.read_text().splitlines():
+        if line.strip():
+            r = json.loads(line)
+            latest[(r["table"], r["machine"], r["n"], r["budget"], r["family"], r["seed"])] = r
+    for table in ("unlimited", "budget", "random"):
+        rows = [r for k, r in latest.items() if k[0] == table]
+        if rows:
+            print(f"\n{table}: {len(rows)} instances")
+            print_header("opt" in rows[0])
+            for r in rows:
+                print_row(r)
+            summary(rows, "opt" in rows[0])
+    return 0
 
 
 def big_machine(limit_s: float, milp: bool, plain: bool = False) -> None:
@@ -314,6 +343,17 @@ def main() -> int:
     ap.add_argument("--budget", type=int, default=4, help="moves per round for the binding-budget table")
     ap.add_argument("--random", type=int, default=60, help="random instances (families, machines, sizes, budgets)")
     ap.add_argument("--only", choices=("quality", "random", "big", "scale", "time"), help="run one part")
+    # A whole quality or random table takes longer than a quiet machine can be held: run it in parts
+    # (each part is the same instances as in a whole run), each appending its rows to one --jsonl file,
+    # and print the tables' summaries from the file with --summarize.
+    ap.add_argument("--families", help="quality: comma-separated families (default: all)")
+    ap.add_argument("--sizes", help="quality: comma-separated container counts (default: 12,24)")
+    ap.add_argument("--seeds", help="quality: comma-separated seeds (default: 0,1)")
+    ap.add_argument("--tables", default="unlimited,budget",
+                    help="quality: comma-separated tables, unlimited (moves not limited) and/or budget (--budget)")
+    ap.add_argument("--random-from", type=int, default=0, help="random: index of the first instance run")
+    ap.add_argument("--jsonl", type=Path, help="append every instance's row to this file (JSON lines)")
+    ap.add_argument("--summarize", type=Path, help="print the summaries of the rows in this file and exit")
     ap.add_argument("--plain-products", action="store_true",
                     help="big machine: also solve with the first (plain McCormick) product encoding")
     args = ap.parse_args()
@@ -324,19 +364,33 @@ def main() -> int:
     except ImportError:
         print("highspy is not installed (pip install '.[bench]'): no exact optimum column")
         milp = False
+    if args.summarize:
+        return summarize(args.summarize)
     sizes, seeds = ([12], [0]) if args.quick else ([12, 24], [0, 1])
+    if args.sizes:
+        sizes = [int(v) for v in args.sizes.split(",")]
+    if args.seeds:
+        seeds = [int(v) for v in args.seeds.split(",")]
+    families = args.families.split(",") if args.families else None
+    for f in families or []:
+        if f not in FAMILIES:
+            ap.error(f"--families: unknown family {f!r}; choose from {', '.join(FAMILIES)}")
+    tables = args.tables.split(",")
     if args.only in (None, "quality"):
         for budget in (None, args.budget):
+            if ("unlimited" if budget is None else "budget") not in tables:
+                continue
             what = "moves not limited" if budget is None else f"binding budget: {budget} moves per round"
             print(f"\nplan quality on {SMALL.name} ({SMALL.cpus} CPUs, 4 NUMA nodes, SST-BF), {what}; "
                   "J = H×I + M, lower is better")
             print_header(milp)
-            summary(quality(sizes, seeds, milp, args.time_limit, budget), milp)
+            summary(quality(sizes, seeds, milp, args.time_limit, budget, families, args.jsonl), milp)
     if args.only in (None, "random"):
         count = 12 if args.quick else args.random
-        print(f"\n{count} random instances ({SMALL.name}, {MID.name}; 8-24 containers; budgets 2-n)")
+        last = args.random_from + count - 1
+        print(f"\nrandom instances {args.random_from}-{last} ({SMALL.name}, {MID.name}; 8-24 containers; budgets 2-n)")
         print_header(milp)
-        summary(random_instances(count, milp, args.time_limit), milp)
+        summary(random_instances(count, milp, args.time_limit, args.random_from, args.jsonl), milp)
     if args.only in (None, "big"):
         big_machine(min(args.time_limit, 60.0), milp, args.plain_products)
     if args.only in (None, "scale"):

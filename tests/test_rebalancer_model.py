@@ -8,6 +8,7 @@ import pytest
 
 from cri_resmgr.config import RebalancerConfig
 from cri_resmgr.rebalancer import bandwidth_curve as bwc
+from cri_resmgr.rebalancer import terms
 from cri_resmgr.rebalancer.model import CostModel
 from cri_resmgr.rebalancer.problem import (
     ANNOTATION_AVX512,
@@ -284,3 +285,40 @@ def test_exclusive_containers_and_reserved_cpus_leave_the_pool():
     assert pool == {1, 2}
     moved = Problem.build(node, cs, RebalancerConfig(move_exclusive=True))
     assert moved.movable.all()
+
+
+def test_deltas_after_moves_and_restores_equal_those_of_a_fresh_state():
+    """Terms keep what they derive from the fields per placement (``State.memo``): every move and every
+    restore of a snapshot must drop it, or the next deltas are those of another placement."""
+    prob, cm, rng = random_problem(seed=7)
+    st = State(prob)
+    rows = np.arange(prob.n)
+    for step in range(8):
+        cm.delta(st, rows)  # fills the memo for this placement
+        i = int(rng.integers(prob.n))
+        if step % 2:
+            snap = st.snapshot(i)
+            st.set_row(i, prob.cands.row(int(rng.integers(prob.cands.n))))
+            cm.delta(st, rows)
+            st.restore(snap)
+        else:
+            st.set_row(i, prob.cands.row(int(rng.integers(prob.cands.n))))
+        fresh = State(prob, st.S.copy())
+        got, want = cm.delta(st, rows)[1], cm.delta(fresh, rows)[1]
+        for name in want:
+            np.testing.assert_allclose(got[name], want[name], rtol=1e-9, atol=1e-9, err_msg=name)
+
+
+def test_oversubscription_delta_of_a_few_rows_equals_that_of_all_rows():
+    """A few rows take the direct sums over every candidate, many rows the sorted loads of the large ones
+    (terms.DIRECT_WORK): both give the same deltas."""
+    prob, cm, rng = random_problem(seed=9)
+    st = State(prob)
+    term = next(t for t in cm.active_terms(prob) if t.name == "oversubscription")
+    rows = np.arange(prob.n)
+    assert len(rows) * len(prob.cands.member_pos) > terms.DIRECT_WORK
+    every = term.delta(prob, st, rows)
+    assert np.abs(every).max() > 0
+    for chunk in np.array_split(rng.permutation(prob.n), 8):
+        assert len(chunk) * len(prob.cands.member_pos) <= terms.DIRECT_WORK
+        np.testing.assert_allclose(term.delta(prob, st, chunk), every[chunk], rtol=1e-9, atol=1e-9)

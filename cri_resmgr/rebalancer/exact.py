@@ -227,22 +227,6 @@ class Encoder:
         c = self.prob.S0[self.fixed].T @ X[self.fixed, attr]
         return M, c
 
-    def add_excess(self, expr: tuple[np.ndarray, np.ndarray], cap: np.ndarray, weight: np.ndarray | float) -> None:
-        """Cost Σ_r weight_r × max(0, expr_r − cap_r) per second."""
-        M, c = expr
-        cap = np.broadcast_to(np.asarray(cap, dtype=np.float64), (M.shape[0],))
-        weight = np.broadcast_to(np.asarray(weight, dtype=np.float64), (M.shape[0],))
-        for r in range(M.shape[0]):
-            nz = np.flatnonzero(M[r])
-            if len(nz) == 0:
-                self.constant += self.H * weight[r] * max(0.0, c[r] - cap[r])
-                continue
-            # Rows in bytes/s with costs per byte/s would be far outside the solver's tolerances:
-            # scale the row (and so the excess variable) to units of its capacity.
-            scale = max(abs(cap[r]), float(np.abs(M[r, nz]).max()), 1e-12)
-            e = self._var(self.H * weight[r] * scale)
-            self._row(np.r_[nz, e], np.r_[M[r, nz] / scale, -1.0], -np.inf, (cap[r] - c[r]) / scale)
-
     def add_convex(self, expr: tuple[np.ndarray, np.ndarray], cap: np.ndarray, curve: ConvexPwl,
                    weight: float) -> None:
         """Cost Σ_r weight × curve(expr_r / cap_r) per second for a convex piecewise-linear ``curve``

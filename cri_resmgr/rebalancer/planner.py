@@ -5,8 +5,9 @@ interference rate, M the migration cost of the containers moved so far, from the
 
 1. *Single moves.* Every (movable container, candidate) pair is scored as ``−H × ΔI − (1 + margin) ×
    ΔM``. Rows are visited in the order of an upper bound of their best score (from each term's
-   ``min_delta``; on very large problems also their last evaluated score, lazily) and the scan stops
-   when no remaining row can beat the best found.
+   ``min_delta``) and the scan stops when no remaining row can beat the best found. On very large
+   problems the bounds are taken once, at the root, and then each row's last evaluated score stands
+   for its bound (lazily, as in lazy greedy).
 2. *Pairs* (swaps and two-move chains). Bilinear terms have plateaus — moving one AVX512 container out
    of a pool where scalar work is spread evenly gains nothing until scalar work leaves its new place
    too — and some moves pay only after another makes room. On small problems a pair is looked for at
@@ -49,6 +50,7 @@ from .model import CostModel
 from .problem import Problem, State
 
 CHUNK = 48  # rows evaluated together when scanning in bound order
+LAZY_CHUNK = 16  # ... and first in hint order (large problems)
 PAIRS = 4  # strongest bilinear pairs whose members are tried as first moves
 FIRST_MOVES = 12  # rows tried as the first of two moves when no single move pays
 PAIR_FIRST = 2  # destinations tried per first move on large problems
@@ -132,8 +134,8 @@ class _Search:
     placed: np.ndarray  # per len(mov): candidate index, or -1 for the original placement
     steps: list[_Step] = field(default_factory=list)
     value: float = 0.0  # sum of the scores of the steps taken
-    # Large problems: per row, its best score when last evaluated (+inf: not since the last move near
-    # it). Rows are scanned in the order of min(bound, hint): lazy, as in lazy greedy.
+    # Large problems: per row, its best score when last evaluated, else its bound at the root (+inf:
+    # moved since). Rows are scanned in the order of their hint: lazy, as in lazy greedy.
     hint: np.ndarray | None = None
 
     def clone(self) -> _Search:
@@ -207,7 +209,9 @@ class Planner:
         min_mig = np.where(valid, mig, np.inf).min(axis=1)
         root = _Search(prob, st, mov, mig, valid, min_mig, np.full(len(mov), -1))
         if len(mov) * prob.cands.n > LAZY_WORK:
-            root.hint = np.full(len(mov), np.inf)
+            # The bounds are taken once: a step changes the state near two places, and a row whose
+            # best move it improved is one whose hint is stale either way.
+            root.hint = self._bound(root, np.arange(len(mov)))
         return root
 
     def _search(self, prob: Problem, st: State) -> _Search:
@@ -252,8 +256,8 @@ class Planner:
             found: _Search | None = None
             moved = s.placed >= 0
             for g in groups:
+                home = s.prob.current[s.mov[g]]
                 for c in range(s.prob.cands.n):
-                    home = s.prob.current[s.mov[g]]
                     if c == at[g[0]] or not np.all((home == c) | s.valid[g, c]):
                         continue
                     if int(moved.sum()) - int(moved[g].sum()) + int((home != c).sum()) > limit:
@@ -276,13 +280,12 @@ class Planner:
         i = int(s.mov[k])
         before = self.model.evaluate(s.st)
         was = float(self._mcur(s, np.array([k]))[0])
-        saved = (s.st.F.copy(), s.st.S[i].copy(), int(s.placed[k]))
+        snap, placed = s.st.snapshot(i), int(s.placed[k])
         self._place(s, k, c)
         after = self.model.evaluate(s.st)
         now = float(self._mcur(s, np.array([k]))[0])
-        s.st.F[:] = saved[0]
-        s.st.S[i] = saved[1]
-        s.placed[k] = saved[2]
+        s.st.restore(snap)
+        s.placed[k] = placed
         parts = {n: after[n] - before[n] for n in before}
         return _Step(k, c, -H * sum(parts.values()) - (1.0 + m) * (now - was), parts)
 
@@ -321,8 +324,8 @@ class Planner:
         best_value = self.cfg.min_net_gain
         for a in np.flatnonzero(s.placed >= 0).tolist():
             i = int(s.mov[a])
-            saved = (s.st.F.copy(), s.st.S[i].copy(), int(s.placed[a]))
-            freed = float(s.mig[a, saved[2]])
+            snap, placed = s.st.snapshot(i), int(s.placed[a])
+            freed = float(s.mig[a, placed])
             home = int(s.prob.current[i])
             self._place(s, a, home)
             after = self.model.evaluate(s.st)
@@ -333,9 +336,8 @@ class Planner:
             seen: dict[int, float] = {}
             self._top_singles(s, ks, -np.inf, 1, seen)
             pair = self._best_pair(s, ks, limit, seen, floor=best_value - v0) if len(ks) else None
-            s.st.F[:] = saved[0]
-            s.st.S[i] = saved[1]
-            s.placed[a] = saved[2]
+            s.st.restore(snap)
+            s.placed[a] = placed
             if pair is not None and v0 + pair[0].score + pair[1].score > best_value:
                 best_value = v0 + pair[0].score + pair[1].score
                 best = [_Step(a, home, v0, parts, enables=pair[0].row), pair[0], pair[1]]
@@ -447,6 +449,15 @@ class Planner:
         score[~self._valid(s, ks)] = -np.inf
         return score, parts
 
+    def _bound(self, s: _Search, ks: np.ndarray) -> np.ndarray:
+        """Per row of ``ks``, an upper bound of its best score (from each term's ``min_delta``)."""
+        H, m = self.cfg.amortization_seconds, self.cfg.gain_margin
+        lb = np.zeros(len(ks))
+        for t in self.model.active_terms(s.prob):
+            lb += t.min_delta(s.prob, s.st, s.mov[ks])
+        min_mig = np.where(s.placed[ks] >= 0, 0.0, s.min_mig[ks])  # a moved row may go home for free
+        return -H * lb - (1.0 + m) * (min_mig - self._mcur(s, ks))
+
     def _top_singles(self, s: _Search, ks: np.ndarray, floor: float, count: int,
                      seen: dict[int, float] | None = None) -> list[_Step]:
         """The ``count`` best single moves among rows ``ks`` (indices into ``s.mov``) scoring above
@@ -455,25 +466,24 @@ class Planner:
         Rows are scanned in the order of an upper bound of their score and the scan stops when no
         remaining row can enter the result. ``seen`` receives the best score of every row evaluated;
         when it is asked for, at least the first chunk is evaluated."""
-        H, m = self.cfg.amortization_seconds, self.cfg.gain_margin
-        if len(ks) <= CHUNK:
+        if s.hint is not None:
+            ub = s.hint[ks]
+        elif len(ks) <= CHUNK:
             ub = np.full(len(ks), np.inf)  # one chunk: evaluated whole, no bound needed
         else:
-            lb = np.zeros(len(ks))
-            for t in self.model.active_terms(s.prob):
-                lb += t.min_delta(s.prob, s.st, s.mov[ks])
-            min_mig = np.where(s.placed[ks] >= 0, 0.0, s.min_mig[ks])  # a moved row may go home for free
-            ub = -H * lb - (1.0 + m) * (min_mig - self._mcur(s, ks))
-        if s.hint is not None:
-            ub = np.minimum(ub, s.hint[ks])
+            ub = self._bound(s, ks)
         order = np.argsort(-ub, kind="stable")
         top: list[_Step] = []
 
         def bar() -> float:
             return max(floor, top[-1].score) if len(top) >= count else floor
 
-        for lo in range(0, len(order), CHUNK):
-            chunk = order[lo:lo + CHUNK]
+        # Lazy: the first chunk is small (the rows whose hint is highest, mostly since the last step),
+        # the next ones full (a scan that goes on is one through stale hints or bounds).
+        first = LAZY_CHUNK if s.hint is not None else CHUNK
+        starts = [0, *range(first, len(order), CHUNK)] if len(order) else []
+        for lo, hi in zip(starts, [*starts[1:], len(order)], strict=False):
+            chunk = order[lo:hi]
             if ub[chunk[0]] <= bar() and not (seen is not None and lo == 0):
                 break
             kk = ks[chunk]
@@ -574,7 +584,7 @@ class Planner:
                 if not np.isfinite(v1):
                     break
                 step1 = _Step(first, int(c1), v1, {n: float(v[r, c1]) for n, v in parts.items()})
-                saved = (s.st.F.copy(), s.st.S[s.mov[first]].copy(), int(s.placed[first]))
+                snap, placed = s.st.snapshot(int(s.mov[first])), int(s.placed[first])
                 self._place(s, first, int(c1))
                 rest = self._allowed(s, limit)
                 rest = rest[rest != first]
@@ -582,9 +592,8 @@ class Planner:
                 if best is not None:
                     need = max(need, best[0].score + best[1].score - v1)
                 step2 = self._best_single(s, rest, need) if len(rest) else None
-                s.st.F[:] = saved[0]
-                s.st.S[s.mov[first]] = saved[1]
-                s.placed[first] = saved[2]
+                s.st.restore(snap)
+                s.placed[first] = placed
                 if step2 is not None:
                     step1.enables = step2.row
                     best = (step1, step2)

@@ -22,8 +22,9 @@ exceeds its cost. The interference terms live in :mod:`.terms`; each documents i
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -272,26 +273,30 @@ class NodeModel:
 
 
 # -- candidates --------------------------------------------------------------------------------------
+FEW_CPUS = 8
+
+
 class Candidates:
     """Destinations a container can move to: tree nodes ∩ pool, deduplicated, each a position interval."""
 
     def __init__(self, node: NodeModel, pool: np.ndarray):
         self.node = node
         self.pool = pool.astype(np.float64)
-        cum = np.r_[0, np.cumsum(pool)]
         pool_pos = np.flatnonzero(pool)
+        # Per tree node, its pool positions: pool_pos[a:b].
+        a = np.searchsorted(pool_pos, [t.lo for t in node.tree]).tolist()
+        b = np.searchsorted(pool_pos, [t.hi for t in node.tree]).tolist()
         seen: dict[tuple[int, int], int] = {}
         lo: list[int] = []
         hi: list[int] = []
         size: list[int] = []
         labels: list[str] = []
         depth: list[int] = []
-        for t in node.tree:
-            z = int(cum[t.hi] - cum[t.lo])
+        for t, ta, tb in zip(node.tree, a, b, strict=True):
+            z = tb - ta
             if z == 0:
                 continue
-            inside = pool_pos[(pool_pos >= t.lo) & (pool_pos < t.hi)]
-            key = (int(inside[0]), int(inside[-1]))
+            key = (int(pool_pos[ta]), int(pool_pos[tb - 1]))
             if key in seen:
                 continue
             seen[key] = len(lo)
@@ -307,7 +312,9 @@ class Candidates:
         self.depth = np.array(depth, dtype=np.int64)
         self.n = len(lo)
         self.size_classes = [(int(z), np.flatnonzero(self.size == z)) for z in np.unique(self.size)]
-        self._key = {self._mask_key(i): i for i in range(self.n)}
+        at = np.arange(node.ncpu)
+        masks = (at[None, :] >= self.lo[:, None]) & (at[None, :] < self.hi[:, None]) & (pool[None, :] > 0)
+        self._key = {m.tobytes(): i for i, m in enumerate(masks)}
         # Candidates × positions share matrix; domain shares follow with one product each.
         cs = np.zeros((self.n, node.ncpu + 1))
         np.add.at(cs, (np.arange(self.n), self.lo), 1.0)
@@ -328,25 +335,33 @@ class Candidates:
         by_pos = np.argsort(self.member_pos, kind="stable")
         self.pos_cand = self.member_cand[by_pos]  # candidates holding each position, grouped by position
         self.pos_start = np.r_[0, np.cumsum(np.bincount(self.member_pos, minlength=node.ncpu))]
+        # Candidates of few CPUs (cores, threads: most of them), over which a per-CPU function is summed
+        # directly rather than through sorted loads (terms.Oversubscription.delta); the others held by
+        # each position, grouped by position.
+        self.few = self.size <= FEW_CPUS
+        m = self.few[self.member_cand]
+        self.few_cand, self.few_pos = self.member_cand[m], self.member_pos[m]  # their members, by candidate
+        self.few_start = np.flatnonzero(np.r_[True, self.few_cand[1:] != self.few_cand[:-1]]) if m.any() else \
+            np.zeros(0, dtype=np.int64)
+        many = ~self.few[self.pos_cand]
+        self.pos_many = self.pos_cand[many]
+        self.pos_many_start = np.r_[0, np.cumsum(np.bincount(self.member_pos[by_pos][many], minlength=node.ncpu))]
 
     @staticmethod
     def _unique(share: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         u, inv = np.unique(np.round(share, 12), axis=0, return_inverse=True)
         return u, inv.reshape(-1)
 
-    def holding(self, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Every (index into ``pos``, candidate holding that position) pair: (indices, candidates)."""
-        counts = self.pos_start[pos + 1] - self.pos_start[pos]
+    def holding(self, pos: np.ndarray, many: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """Every (index into ``pos``, candidate holding that position) pair: (indices, candidates); with
+        ``many``, only candidates of more than ``FEW_CPUS`` CPUs."""
+        cands, start = (self.pos_many, self.pos_many_start) if many else (self.pos_cand, self.pos_start)
+        counts = start[pos + 1] - start[pos]
         idx = np.repeat(np.arange(len(pos)), counts)
         offsets = np.zeros(len(pos), dtype=np.int64)
         np.cumsum(counts[:-1], out=offsets[1:])
-        first = np.repeat(self.pos_start[pos] - offsets, counts)
-        return idx, self.pos_cand[first + np.arange(len(idx))]
-
-    def _mask_key(self, i: int) -> bytes:
-        m = np.zeros(self.node.ncpu, dtype=bool)
-        m[self.lo[i]:self.hi[i]] = self.pool[self.lo[i]:self.hi[i]] > 0
-        return m.tobytes()
+        first = np.repeat(start[pos] - offsets, counts)
+        return idx, cands[first + np.arange(len(idx))]
 
     def index_of(self, positions: np.ndarray) -> int:
         m = np.zeros(self.node.ncpu, dtype=bool)
@@ -460,11 +475,12 @@ class Problem:
             usage[i] = u
             avx = c.avx512_hint or c.avx512_ratio >= cfg.avx512_threshold
             sens = cfg.besteffort_sensitivity if c.qos == "BestEffort" else QOS_SENSITIVITY.get(c.qos, 1.0)
-            if c.latency_critical:
+            lc = c.latency_critical
+            if lc:
                 sens *= cfg.latency_critical_factor
             demand = max(u, c.cpu_request)
             X[i] = (demand, u if avx else 0.0, 0.0 if avx else u * sens,
-                    demand if c.latency_critical else 0.0, max(0.0, c.bandwidth()),
+                    demand if lc else 0.0, max(0.0, c.bandwidth()),
                     max(0.0, c.llc_occupancy_bytes or 0.0))
             need[i] = max(1, math.ceil(c.cpu_request - 1e-9))
         return cls(node, cfg, cs, X, usage, S0, pool, cand, movable, reason, need, current, notes)
@@ -479,18 +495,41 @@ class Problem:
 
 
 class State:
-    """A placement (share rows) and its per-CPU fields ``F = Sᵀ X``, updated incrementally."""
+    """A placement (share rows) and its per-CPU fields ``F = Sᵀ X``, updated incrementally.
+
+    Terms keep what they derive from the fields alone (sorted loads, per-domain loads) in :meth:`memo`:
+    the same for every row a search scores until the placement changes."""
 
     def __init__(self, prob: Problem, S: np.ndarray | None = None):
         self.prob = prob
         self.S = prob.S0.copy() if S is None else S
         self.F = self.S.T @ prob.X  # positions × NATTR
+        self._memo: dict[str, Any] = {}
 
     def set_row(self, i: int, row: np.ndarray) -> None:
         self.F += np.outer(row - self.S[i], self.prob.X[i])
         self.S[i] = row
+        self._memo = {}
+
+    def memo(self, key: str, make: Callable[[], Any]) -> Any:
+        """``make()``, computed once per placement."""
+        v = self._memo.get(key)
+        if v is None:
+            v = self._memo[key] = make()
+        return v
+
+    def snapshot(self, i: int) -> tuple[np.ndarray, int, np.ndarray, dict[str, Any]]:
+        """What :meth:`restore` needs to undo changes of row ``i``."""
+        return self.F.copy(), i, self.S[i].copy(), self._memo
+
+    def restore(self, snap: tuple[np.ndarray, int, np.ndarray, dict[str, Any]]) -> None:
+        """Back to the placement of :meth:`snapshot` exactly (fields copied, not recomputed)."""
+        F, i, row, memo = snap
+        self.F[:] = F
+        self.S[i] = row
+        self._memo = memo
 
     def copy(self) -> State:
         st = State.__new__(State)
-        st.prob, st.S, st.F = self.prob, self.S.copy(), self.F.copy()
+        st.prob, st.S, st.F, st._memo = self.prob, self.S.copy(), self.F.copy(), self._memo
         return st

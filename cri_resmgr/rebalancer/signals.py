@@ -29,14 +29,14 @@ container cache) when there is one.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from .. import metrics as M
 from ..config import RebalancerConfig
-from ..store import Matcher, Store, query_range
+from ..store import Matcher, Store
+from ..store.query import window_by_label
 from .problem import ANNOTATION_LATENCY_CRITICAL, ContainerInput
 
 CPUSET = M.CONTAINER_CPUSET_CPUS.name
@@ -80,16 +80,7 @@ class Inputs:
 def _per_container(store: Store, metric: str, now: float, window: float, fn: str,
                    matchers: list[Matcher] | None = None) -> dict[str, float]:
     """container_id -> the window's value, summed over series of one container (e.g. per cache_id)."""
-    if not store.select(metric, matchers or []):
-        return {}
-    _, series = query_range(store, metric, matchers or [], now, now, window, agg="avg", fn=fn)
-    out: dict[str, float] = {}
-    for s in series:
-        cid = s.labels.get("container_id")
-        v = float(s.values[-1]) if len(s.values) else math.nan
-        if cid and not math.isnan(v):
-            out[cid] = out.get(cid, 0.0) + v
-    return out
+    return window_by_label(store, metric, matchers or [], now, window, fn, "container_id")
 
 
 def _matches(match: Mapping[str, str], labels: Mapping[str, str]) -> bool:

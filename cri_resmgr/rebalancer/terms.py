@@ -41,8 +41,6 @@ class Encoder(Protocol):
 
     def field(self, attr: int) -> Expr: ...
 
-    def add_excess(self, expr: Expr, cap: np.ndarray, weight: np.ndarray | float) -> None: ...
-
     def add_convex(self, expr: Expr, cap: np.ndarray, curve: ConvexPwl, weight: float) -> None: ...
 
     def add_linear_field(self, attr: int, field_: np.ndarray) -> None: ...
@@ -91,6 +89,9 @@ class CostTerm:
 
 
 # -- per-CPU terms -----------------------------------------------------------------------------------
+DIRECT_WORK = 24000  # rows × candidate memberships up to which Oversubscription.delta sums every candidate directly
+
+
 class Oversubscription(CostTerm):
     """CPU demand beyond what the CPUs of a shared set can give.
 
@@ -110,11 +111,12 @@ class Oversubscription(CostTerm):
     def delta(self, prob, st, rows):
         # Adding ``inc`` CPUs of demand to a position of base load x costs
         # f(x) = max(x + inc, θ) − max(x, θ): inc when x ≥ θ, x + inc − θ when θ − inc < x < θ, else 0.
-        # Summed over a candidate this needs only the candidate's loads in sorted order and their
-        # prefix sums (two binary searches per (row, candidate)), not a pass over its CPUs. The base
-        # load is the current load less the row's own share, which is uniform over its cpuset: a
-        # shifted threshold θ + δ when the cpuset holds the whole pool, else an explicit correction
-        # over the cpuset's positions.
+        # The base load is the current load less the row's own share. Small candidates (most of them:
+        # cores and threads) sum f over their few CPUs directly, and so do all candidates for a few rows.
+        # Else, over a large one the sum needs only its loads in sorted order and their prefix sums (two
+        # binary searches per (row, candidate)), not a pass over its CPUs; the row's own share, uniform
+        # over its cpuset, is a shifted threshold θ + δ when the cpuset holds the whole pool, else an
+        # explicit correction over the cpuset's positions.
         th = self.cfg.oversubscription_threshold
         cand = prob.cands
         out = np.zeros((len(rows), cand.n))
@@ -125,52 +127,90 @@ class Oversubscription(CostTerm):
         r, d = rows[live], d[live]
         load = st.F[:, DEMAND]
         S = st.S[r]
-        base = load[None, :] - S * d[:, None]
-        removal = (np.maximum(base, th) - th).sum(axis=1) - np.maximum(0.0, load - th).sum()
+        removal = self._removal(load, S, d)
         pool = cand.pool > 0
-        if float(load[pool].max(initial=0.0)) + float(d.max()) / float(cand.size.min()) <= th:
+        xmax, keys, cs, end, M = st.memo(self.name, lambda: self._sorted(cand, load))
+        if float(xmax.max()) + float(d.max()) / float(cand.size.min()) <= th:
             out[live] = removal[:, None]  # no CPU of the pool can cross the threshold: adding is free
             return self.weight * out
-        # Sorted loads per candidate, as one array of keys candidate × M + load.
-        x = np.maximum(load[cand.member_pos], 0.0)
         # Only candidates holding a CPU that the largest increment can push over θ can cost anything
         # (the base load is at most the load): the others add nothing, for every row.
-        rel = np.flatnonzero(np.maximum.reduceat(x, cand.member_start[:-1]) + float(d.max()) / cand.size > th)
-        M = float(x.max(initial=0.0)) + 2.0
-        keys = cand.member_cand * M + x
-        order = np.argsort(keys, kind="stable")
-        keys, xs = keys[order], x[order]
-        cs = np.zeros(len(xs) + 1)
-        np.cumsum(xs, out=cs[1:])
-        end = cand.member_start[1:]
-        share = S.max(axis=1)
-        delta_own = share * d  # the row's own load on each CPU of its cpuset
-        support = S > 0
-        whole = (support | ~pool[None, :]).all(axis=1)
-        theta = th + np.where(whole, delta_own, 0.0)
+        relevant = xmax + float(d.max()) / cand.size > th
         inc = d[:, None] / cand.size[None, :]
-        jm = (rel * M)[None, :]
-        inc_r = inc[:, rel]
-        lo_q = jm + np.clip(theta[:, None] - inc_r, -0.5, M - 1.5)
-        hi_q = jm + np.clip(np.broadcast_to(theta[:, None], inc_r.shape), -0.5, M - 1.5)
-        a = np.searchsorted(keys, lo_q, side="right")
-        b = np.searchsorted(keys, hi_q, side="left")
         add = np.zeros((len(r), cand.n))
-        add[:, rel] = inc_r * (end[rel][None, :] - b) + (cs[b] - cs[a]) - (b - a) * (theta[:, None] - inc_r)
-        # Correction on the CPUs of a row's own cpuset in the pool, for every candidate holding them
-        # (a CPU lies in as many candidates as the tree is deep).
-        kk, pp = np.nonzero(support & pool[None, :] & ~whole[:, None])
-        if len(kk):
-            q, jj = cand.holding(pp)
-            keep = np.isin(jj, rel)
-            q, jj = q[keep], jj[keep]
-            k3, x0 = kk[q], load[pp[q]]
-            xb = x0 - delta_own[k3]
-            i3 = inc[k3, jj]
-            corr = (np.maximum(xb + i3, th) - np.maximum(xb, th)) - (np.maximum(x0 + i3, th) - np.maximum(x0, th))
-            add += np.bincount(k3 * cand.n + jj, weights=corr, minlength=add.size).reshape(add.shape)
+        # Few rows (a lazy scan's chunk): every candidate directly, as it costs less than sorting.
+        direct = relevant & (cand.few | (len(r) * len(cand.member_pos) <= DIRECT_WORK))
+        if direct.any():
+            if np.array_equal(direct, cand.few):
+                mc, mp, starts = cand.few_cand, cand.few_pos, cand.few_start
+            elif direct.all():
+                mc, mp, starts = cand.member_cand, cand.member_pos, cand.member_start[:-1]
+            else:
+                m = direct[cand.member_cand]
+                mc, mp = cand.member_cand[m], cand.member_pos[m]
+                starts = np.flatnonzero(np.r_[True, mc[1:] != mc[:-1]])
+            # Members × rows: the sums over each candidate's members run along contiguous memory.
+            base = load[mp][:, None] - S.T[mp] * d[None, :]
+            im = d[None, :] / cand.size[mc][:, None]
+            f = np.maximum(base + im, th) - np.maximum(base, th)
+            add[:, mc[starts]] = np.add.reduceat(f, starts, axis=0).T
+        many = relevant & ~direct
+        rel = np.flatnonzero(many)
+        if len(rel):
+            share = S.max(axis=1)
+            delta_own = share * d  # the row's own load on each CPU of its cpuset
+            support = S > 0
+            whole = (support | ~pool[None, :]).all(axis=1)
+            theta = th + np.where(whole, delta_own, 0.0)
+            jm = (rel * M)[None, :]
+            inc_r = inc[:, rel]
+            lo_q = jm + np.clip(theta[:, None] - inc_r, -0.5, M - 1.5)
+            hi_q = jm + np.clip(np.broadcast_to(theta[:, None], inc_r.shape), -0.5, M - 1.5)
+            a = np.searchsorted(keys, lo_q, side="right")
+            b = np.searchsorted(keys, hi_q, side="left")
+            add[:, rel] = inc_r * (end[rel][None, :] - b) + (cs[b] - cs[a]) - (b - a) * (theta[:, None] - inc_r)
+            # Correction on the CPUs of a row's own cpuset in the pool, for every large candidate holding
+            # them (a CPU lies in a few: as many as the tree has levels above its small nodes).
+            kk, pp = np.nonzero(support & pool[None, :] & ~whole[:, None])
+            if len(kk):
+                q, jj = cand.holding(pp, many=True)
+                keep = many[jj]
+                q, jj = q[keep], jj[keep]
+                k3, x0 = kk[q], load[pp[q]]
+                xb = x0 - delta_own[k3]
+                i3 = inc[k3, jj]
+                corr = (np.maximum(xb + i3, th) - np.maximum(xb, th)) - (np.maximum(x0 + i3, th) - np.maximum(x0, th))
+                add += np.bincount(k3 * cand.n + jj, weights=corr, minlength=add.size).reshape(add.shape)
         out[live] = add + removal[:, None]
         return self.weight * out
+
+    @staticmethod
+    def _sorted(cand, load: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, float]:
+        """Per placement: the largest load (≥ 0) of each candidate's CPUs, and for the large candidates,
+        their loads in sorted order as one array of keys candidate × M + load, with prefix sums and
+        where each candidate's keys end."""
+        x = np.maximum(load[cand.member_pos], 0.0)
+        xmax = np.maximum.reduceat(x, cand.member_start[:-1])
+        m = ~cand.few[cand.member_cand]
+        mc, xm = cand.member_cand[m], x[m]
+        M = float(xm.max(initial=0.0)) + 2.0
+        keys = mc * M + xm
+        order = np.argsort(keys, kind="stable")
+        keys, xs = keys[order], xm[order]
+        cs = np.zeros(len(xs) + 1)
+        np.cumsum(xs, out=cs[1:])
+        end = np.searchsorted(keys, (np.arange(cand.n) + 1) * M - 1.0, side="right")
+        return xmax, keys, cs, end, M
+
+    def _removal(self, load: np.ndarray, S: np.ndarray, d: np.ndarray) -> np.ndarray:
+        """Per row, the change of Σ max(0, load − θ) when row ``k`` (shares ``S[k]``, demand ``d[k]``)
+        leaves: only CPUs above θ can change."""
+        th = self.cfg.oversubscription_threshold
+        hot = np.flatnonzero(load > th)
+        if len(hot) == 0:
+            return np.zeros(len(d))
+        x = load[hot]
+        return (np.maximum(x[None, :] - S[:, hot] * d[:, None], th) - x[None, :]).sum(axis=1)
 
     usage_attr = DEMAND
 
@@ -189,20 +229,17 @@ class Oversubscription(CostTerm):
 
     def min_delta(self, prob, st, rows):
         # Adding demand never lowers Σ max(0, load − θ): the removal from the current cpuset bounds the gain.
-        th = self.cfg.oversubscription_threshold
-        load = st.F[:, DEMAND]
         d = prob.X[rows, DEMAND]
         out = np.zeros(len(rows))
         live = np.flatnonzero(d > 0)
         if len(live):
-            base = load[None, :] - st.S[rows[live]] * d[live, None]
-            out[live] = np.maximum(0.0, base - th).sum(axis=1) - np.maximum(0.0, load - th).sum()
+            out[live] = self._removal(st.F[:, DEMAND], st.S[rows[live]], d[live])
         return self.weight * out
 
     def encode(self, enc):
-        load = enc.field(DEMAND)  # positions × variables (+ constants)
-        enc.add_excess(load, np.full(enc.prob.node.ncpu, self.cfg.oversubscription_threshold),
-                       np.full(enc.prob.node.ncpu, self.weight))
+        # weight × max(0, load − θ) = weight × θ × max(0, load / θ − 1): the hinge in units of θ.
+        th = self.cfg.oversubscription_threshold
+        enc.add_convex(enc.field(DEMAND), np.full(enc.prob.node.ncpu, th), HINGE, self.weight * th)
 
 
 class LatencyCritical(CostTerm):
@@ -228,15 +265,19 @@ class LatencyCritical(CostTerm):
     def cost(self, prob, st):
         return self.weight * float(st.F[:, LC] @ self._field(prob))
 
+    def _means(self, prob, st) -> tuple[np.ndarray, np.ndarray]:
+        """The field and its mean over each candidate (it depends on the node only)."""
+        return st.memo(self.name, lambda: (self._field(prob), prob.cands.mean(self._field(prob))))
+
     def delta(self, prob, st, rows):
-        f = self._field(prob)
+        f, mean = self._means(prob, st)
         lc = prob.X[rows, LC]
-        return self.weight * lc[:, None] * (prob.cands.mean(f)[None, :] - (st.S[rows] @ f)[:, None])
+        return self.weight * lc[:, None] * (mean[None, :] - (st.S[rows] @ f)[:, None])
 
     def min_delta(self, prob, st, rows):
-        f = self._field(prob)
+        f, mean = self._means(prob, st)
         lc = prob.X[rows, LC]
-        return self.weight * lc * (prob.cands.mean(f).min() - st.S[rows] @ f)
+        return self.weight * lc * (mean.min() - st.S[rows] @ f)
 
     def encode(self, enc):
         enc.add_linear_field(LC, self.weight * self._field(enc.prob))
@@ -277,25 +318,42 @@ class _Bilinear(CostTerm):
         A, L, _, size = self._loads(prob, st)
         return self.weight * float((A * L / size).sum())
 
+    def _fields(self, prob, st) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(sensitive, AVX512) load per thread of each position's domain, and their means over each
+        candidate: the same for every row until the placement changes."""
+        def make():
+            A, L, of, size = self._loads(prob, st)
+            Lf, Af = (L / size)[of], (A / size)[of]
+            return Lf, Af, prob.cands.mean(Lf), prob.cands.mean(Af)
+        return st.memo(self.name, make)
+
     def delta(self, prob, st, rows):
-        A, L, of, size = self._loads(prob, st)
+        Lf, Af, mL, mA = self._fields(prob, st)
         a, sens = prob.X[rows, AVX], prob.X[rows, SENS]
-        Lf, Af = (L / size)[of], (A / size)[of]
         S = st.S[rows]
-        mL, mA = prob.cands.mean(Lf), prob.cands.mean(Af)
         return self.weight * (a[:, None] * (mL[None, :] - (S @ Lf)[:, None])
                               + sens[:, None] * (mA[None, :] - (S @ Af)[:, None]))
 
     def min_delta(self, prob, st, rows):
-        A, L, of, size = self._loads(prob, st)
+        Lf, Af, mL, mA = self._fields(prob, st)
         a, sens = prob.X[rows, AVX], prob.X[rows, SENS]
-        Lf, Af = (L / size)[of], (A / size)[of]
         S = st.S[rows]
-        return self.weight * (a * (prob.cands.mean(Lf).min() - S @ Lf) + sens * (prob.cands.mean(Af).min() - S @ Af))
+        return self.weight * (a * (mL.min() - S @ Lf) + sens * (mA.min() - S @ Af))
 
     def domain_shares(self, prob, S: np.ndarray) -> np.ndarray:
-        of, size = self.domain_of(prob)
-        return S @ (prob.node.onehot_core if self.level == "core" else prob.node.onehot_pkg)
+        n = prob.node
+        if self.level == "core":
+            # Threads of a core are consecutive in tree order: sums of runs, not a product with the
+            # positions × cores one-hot matrix; with t threads in every core, t strided slices (on 224
+            # CPUs ~20× faster than either).
+            t = int(n.threads_per_core[0])
+            if (n.threads_per_core == t).all():
+                out = S[:, 0::t].copy()
+                for k in range(1, t):
+                    out += S[:, k::t]
+                return out
+            return np.add.reduceat(S, n.core_starts, axis=1) if S.shape[0] else S @ n.onehot_core
+        return S @ n.onehot_pkg
 
     def pairs(self, prob, st, rows):
         a, sens = prob.X[rows, AVX], prob.X[rows, SENS]
@@ -370,6 +428,7 @@ class _DomainExcess(CostTerm):
         return bool(self.domains(prob))
 
     def _scale(self) -> float:
+        """A factor on the whole term (cost, deltas, split, encoding) besides its weight."""
         return 1.0
 
     def inflicted(self, prob, S, rows):
@@ -392,7 +451,7 @@ class _DomainExcess(CostTerm):
         for onehot, cap, _ in self.domains(prob):
             load = st.F[:, self.attr] @ onehot
             tot += float(self.curve(load / cap).sum())
-        return self.weight * tot
+        return self.weight * tot * self._scale()
 
     def delta(self, prob, st, rows):
         out = np.zeros((len(rows), prob.cands.n))
@@ -404,7 +463,7 @@ class _DomainExcess(CostTerm):
         for onehot, cap, unique in self.domains(prob):
             load = st.F[:, self.attr] @ onehot
             out[live] += _domain_convex_delta(load, cap, v[live], S @ onehot, unique, self.curve)
-        return self.weight * out
+        return self.weight * out * self._scale()
 
     def min_delta(self, prob, st, rows):
         # The curve is non-decreasing: adding load never lowers it, so the removal bounds the gain.
@@ -416,7 +475,7 @@ class _DomainExcess(CostTerm):
         S = st.S[rows[live]]
         for onehot, cap, _ in self.domains(prob):
             out[live] += _domain_removal(st.F[:, self.attr] @ onehot, cap, v[live], S @ onehot, self.curve)
-        return self.weight * out
+        return self.weight * out * self._scale()
 
     def encode(self, enc):
         M, c = enc.field(self.attr)
@@ -490,15 +549,6 @@ class CacheOccupancy(_DomainExcess):
             u, inv = c.unique_l3
             shares = (u[:, keep], inv)
         return [(n.onehot_l3[:, keep], cap, shares)]
-
-    def cost(self, prob, st):
-        return super().cost(prob, st) * self.cfg.cache_pressure_threshold
-
-    def delta(self, prob, st, rows):
-        return super().delta(prob, st, rows) * self.cfg.cache_pressure_threshold
-
-    def min_delta(self, prob, st, rows):
-        return super().min_delta(prob, st, rows) * self.cfg.cache_pressure_threshold
 
 
 TERMS: tuple[type[CostTerm], ...] = (Avx512Core, Avx512Package, MemoryBandwidth, CacheOccupancy,
