@@ -378,6 +378,10 @@ class RelayConfig(_Strict):
     control_socket: Path | None = Field(None, description="move/cache/metrics API; default run_dir/relay-control.sock")
     allow_untested_runtimes: bool = Field(False, description="forward to runtimes other than containerd and CRI-O")
     runtime_timeout_seconds: float = Field(10.0, gt=0, description="timeout of the relay's own calls to the runtime")
+    event_loop_nice: int = Field(-10, ge=-20, le=19,
+                                 description="nice of the thread that forwards every call: woken by a call it "
+                                             "preempts ordinary (nice 0) work instead of queueing behind it "
+                                             "(needs CAP_SYS_NICE; docs/relay.md)")
     reconcile_interval_seconds: float = Field(5.0, gt=0,
                                               description="how often the cache is checked against the runtime")
     reserved_cpus: str = Field("", description="cpulist kept for the system: never exclusive, not in the shared pool")

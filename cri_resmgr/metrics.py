@@ -358,6 +358,10 @@ RELAY_STREAMS_RESET = define(
     "relay", "streams_reset", "counter",
     "Streams or connections the relay ended itself: a header block or held message over its limit.",
     labels=("reason",))
+RELAY_EVENT_LOOP_NICE = define(
+    "relay", "event_loop_nice", "gauge",
+    "Nice of the relay's event-loop thread (the one forwarding every call), read back from the kernel: "
+    "relay.event_loop_nice when granted.", labels=())
 # NRI plugin (a process of its own: cri-resmgr nri; docs/nri.md)
 NRI_REQUESTS = define(
     "nri", "requests", "counter",

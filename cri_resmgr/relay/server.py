@@ -32,6 +32,7 @@ from pathlib import Path
 
 import grpc
 
+from .. import metrics as M
 from ..config import Config, ConfigError, parse_listen
 from ..placement.controllers.manager import ControlManager
 from ..placement.engine import Engine, EngineSettings
@@ -42,13 +43,13 @@ from .core import CriFrontEnd
 from .dump import Dumper
 from .h2proxy import Hooks, Proxy
 from .runtime import CriRuntime, RuntimeClient, cri_methods, untested_runtime
-from .scheduling import request_slice
+from .scheduling import Priority, prioritise
 from .stats import RelayStats
 
 log = logging.getLogger("cri_resmgr.relay")
 
 LOCK_NAME = "cri-resmgr-relay.lock"
-# The event-loop thread's scheduler slice (EEVDF): about one wake-up's work (bench/relay_bench.py phase 2).
+# The event-loop thread's scheduler slice (EEVDF): about one wake-up's work (scheduling.py).
 EVENT_LOOP_SLICE_NS = 200_000
 CONTROL_NAME = "relay-control.sock"
 
@@ -112,10 +113,14 @@ class RelayProcess:
         self.sockets: list[Path] = []
         self.control_server: grpc.Server | None = None
         self.http: ThreadingHTTPServer | None = None
+        self.event_loop_priority: Priority | None = None  # what the kernel granted the event-loop thread
 
     def metrics_text(self) -> str:
         if self.relay is not None:
-            self.stats.gauges = self.relay.gauges()
+            gauges = self.relay.gauges()
+            if self.event_loop_priority is not None:
+                gauges[M.RELAY_EVENT_LOOP_NICE.name] = float(self.event_loop_priority.nice)
+            self.stats.gauges = gauges
         text = self.stats.render()
         if self.controls is not None:
             text += self.controls.metrics_text()
@@ -214,11 +219,11 @@ class RelayProcess:
         # event loop, back from a socket write, waited up to a whole turn (default 5 ms) for it. Shorter turns
         # keep forwarding ahead of that bookkeeping (bench/relay_bench.py phase 4).
         sys.setswitchinterval(0.001)
-        # The event loop asks for short scheduler slices: woken by a call, it runs before the task it finds on
-        # the CPU has used up its own slice (see scheduling.py).
-        got = request_slice(EVENT_LOOP_SLICE_NS)
-        log.info("event loop scheduler slice: %s", f"{got.slice_ns / 1e6:g} ms" if not got.error else
-                 f"unchanged ({got.error})")
+        # The event loop runs ahead of ordinary work: woken by a call, it preempts the task it finds on its CPU
+        # instead of queueing behind it (scheduling.py). Only this thread: the engine's threads keep their nice.
+        got = prioritise(self.rc.event_loop_nice, EVENT_LOOP_SLICE_NS)
+        self.event_loop_priority = got
+        (log.warning if got.error else log.info)("event loop scheduling: %s", got.describe())
         log.info("relay listening on %s -> %s (control %s)", self.rc.socket, self.rc.runtime_socket,
                  self.control_path)
         if ready is not None:

@@ -9,6 +9,7 @@ call, metadata both ways, trailers, deadlines, and an unknown protobuf field, al
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import threading
@@ -234,6 +235,33 @@ def test_many_concurrent_calls_share_one_connection(relay):
         t.join()
     ch.close()
     assert not errors, errors[:3]
+
+
+def _thread_nices(pid: int) -> dict[int, int]:
+    """tid -> nice, from /proc/PID/task/TID/stat (field 19, after the parenthesised comm; proc(5))."""
+    out = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            stat = open(f"/proc/{pid}/task/{tid}/stat").read()
+        except FileNotFoundError:
+            continue
+        out[int(tid)] = int(stat.rsplit(")", 1)[1].split()[16])
+    return out
+
+
+def test_the_forwarding_thread_runs_at_the_configured_nice_and_no_other_thread_does(containerd, tmp_path):
+    """The event loop (which forwards every call) is raised ahead of ordinary work; the engine's threads are not."""
+    r = RelayProcess(tmp_path / "relay", containerd.socket, {"relay": {"event_loop_nice": -6}}).start()
+    try:
+        ch = grpc.insecure_channel(f"unix://{r.socket}")
+        assert pbg.RuntimeServiceStub(ch).Version(pb.VersionRequest(), timeout=10).runtime_name == "containerd"
+        ch.close()
+        nices = _thread_nices(r.proc.pid)
+        assert sorted(nices.values()).count(-6) == 1, nices  # the event loop alone
+        assert all(n == 0 for n in nices.values() if n != -6), nices
+        assert "cri_resmgr_relay_event_loop_nice -6" in r.client().metrics()
+    finally:
+        r.stop()
 
 
 def test_separate_image_socket_gets_a_listener_of_its_own(containerd, tmp_path):
