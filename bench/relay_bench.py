@@ -30,6 +30,7 @@ the same machine at the same moment. In every round the targets take turns at go
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import subprocess
 import sys
@@ -112,6 +113,13 @@ def report(title: str, lat: dict[str, list[float]]) -> None:
     for k in (k for k in lat if k.startswith("alt")):
         a50, a99 = pct(lat[k], 0.5), pct(lat[k], 0.99)
         print(f"    relay - {k}: p50 {1e3 * (r50 - a50):+.3f} ms  p99 {1e3 * (r99 - a99):+.3f} ms")
+
+
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a process, all its threads (proc(5): fields 14 and 15, in clock ticks)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def unary_rounds(stubs, n: int) -> None:
@@ -283,7 +291,12 @@ def main() -> int:
             scraper = subprocess.Popen([sys.executable, "-c", SCRAPER, agent.url + "/metrics", "600"],
                                        stdout=subprocess.PIPE, text=True)
             procs.append(scraper)
+            load = {"agent": agent.proc.pid, "scraper": scraper.pid, "relay": relay.proc.pid}
+            before, t0 = {k: cpu_seconds(p) for k, p in load.items()}, time.perf_counter()
             unary_rounds(stubs, args.calls)
+            wall = time.perf_counter() - t0
+            print("  CPU used during phase 2, share of one CPU: " + ", ".join(
+                f"{k} {100 * (cpu_seconds(p) - before[k]) / wall:.0f}%" for k, p in load.items()))
             scraper.terminate()
 
         kd = Kubelet(CriClient(cd.socket), cd.cgroup_parent, base / "logs")
