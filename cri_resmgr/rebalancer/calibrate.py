@@ -6,16 +6,49 @@ another such array) on another core. Every worker is a separate process pinned t
 (``sched_setaffinity``) that allocates its arrays once and then streams in time slices it is told to
 run; each slice reports bytes over the worker's own CPU time (``CLOCK_THREAD_CPUTIME_ID``), so time
 the scheduler gives to other processes on that CPU is not counted as a slowdown. Short slices of the
-four phases alternate, round after round (the probe's two phases next to each other, in turn first
-and second), so that drifts of the machine fall on all of them alike:
+seven phases alternate, round after round (the probe's three phases next to each other, alone in turn
+first and last), so that drifts of the machine fall on all of them alike:
 
 1. **probe alone** — its bandwidth ``B_p``;
 2. **hog alone** — ``B_h``;
-3. **peak** — a hog on one CPU of each core of the probe's NUMA node, at most :data:`PEAK_WORKERS`
-   (the probe's and the hog's CPUs first): their total is the capacity ``C`` a saturating streaming
-   workload reaches (what ``rebalancer.numa_bandwidth_bytes_per_second`` means);
-4. **probe beside hog** — the hog's slice starts before and ends after the probe's; the probe's
-   bandwidth ``B_p'``. A round's slowdown is ``B_p / B_p' − 1`` (the probe-alone slice next to it).
+3. **throttled hog alone** — the same hog streaming :data:`THROTTLE_DUTY` of its time (a chunk, then
+   spinning on the clock without touching memory for as long again): ``B_t``, another offered load;
+4. **first hog alone** — the peak phase's hog on the probe's CPU (the same kernel as the probe, its
+   own array): ``B_0``;
+5. **peak** — a hog on one CPU of each core of the probe's NUMA node, at most :data:`PEAK_WORKERS`
+   (the probe's and the hog's CPUs first): their total ``P``;
+6. **probe beside hog** — the hog's slice starts before and ends after the probe's; the probe's
+   bandwidth ``B_p'``. A round's slowdown is ``B_p / B_p' − 1`` (the probe-alone slice of that round);
+7. **probe beside throttled hog** — the same with the hog of phase 3: a round's slowdown ``B_p / B_p'' − 1``.
+
+**What is fitted, and what is checked.** The bandwidth term's curve (:mod:`.bandwidth_curve`) has its
+shape from a published loaded-latency run and one parameter per domain: the capacity ``C``. It is
+*fitted* to phases 2, 4 and 5 only: the capacity at which the curve makes the peak phase's streams —
+each drawing alone what it was measured to draw alone (``B_0`` and ``B_h``; with more than two cores the
+further hogs count as ``B_h``) — deliver ``P`` together (:func:`fit_capacity`; a closed-loop stream's rate is its
+demand over the latency factor, :func:`together`). The fitted ``C`` then *predicts* the probe's
+slowdown beside the hog (phase 6, offered load ``(B_p + B_h) / C``) and beside the throttled hog (phase
+7, ``(B_p + B_t) / C``)::
+
+    predicted = q(ρ_beside) / q(B_p / C) − 1     (q: the curve's latency factor; ρ_beside from together())
+
+Neither beside phase enters the fit or a prediction. On a machine with more than two cores the peak
+phase runs more streams than the pair, so phase 6 is another operating point; with two cores the peak
+phase *is* two streams on the probe's and the hog's CPUs, so phase 6 repeats the fit's operating point
+(a different phase and a different process on the probe's CPU, but the same load) and only phase 7 is a
+point the fit did not see. (Why measure ``B_0`` rather than take ``B_p`` for it: the fit rests on the
+peak phase's loss, 1–2 % of the pair's alone total on a node like this one, and one stream's alone rate
+off by 1 % would move it by half.) The verdict needs both within ±25 %; each check also says whether
+the prediction lies in the measured slowdown's 95 % interval. For comparison each gives the
+prediction with ``C = P`` (the former reading of the capacity: "the peak a saturating streaming
+workload reaches") and the former hinge's ``max(0, (B_p + hog) / P − 1)``. ``peak_utilisation = P / C``
+says how close the peak phase came to the fitted capacity: far below 1 when the calibration's cores cannot
+saturate the memory.
+
+The fit uses the exact curve (:func:`.bandwidth_curve.latency_factor`), of which the planner's
+piecewise-linear term is the chord interpolation: at the small offered loads of a node whose cores draw
+a few per cent of its memory's capacity, the chords (0.05 capacities apart) would make the slowdown a
+step function.
 
 **Clean rounds.** A round counts only if nothing else took more than :data:`MAX_DISTURBANCE` of any of
 its phases (:class:`Disturbance`): every *loader* — the hog beside the probe, each hog of the peak
@@ -23,32 +56,19 @@ phase — ran for the rest of its slice's wall time (a hog kept off its CPU did 
 calibration's CPUs that a phase leaves idle ran nothing else (``/proc/stat``: another process beside
 an "alone" worker may be a hog nobody measured), and the hog's slice covered the probe's. A worker's
 own lost time is no disturbance: its bandwidth is over its own CPU time, which also excludes the
-hypervisor's steal. Everything is computed over the clean rounds only — the measurement *and* the
-prediction's inputs, so both come from the same moments of the machine. With fewer than
+hypervisor's steal. Everything is computed over the clean rounds only — the measurements, the fit and
+the predictions, so all come from the same moments of the machine. With fewer than
 :data:`MIN_CLEAN_ROUNDS` clean rounds there is no measured figure: the report says "not enough clean
 rounds" (and the command exits 1) rather than print a number it cannot trust. Rounds go on until
 ``--seconds`` of each phase were measured in clean rounds (60 rounds of 0.2 s by default), or four
 times as many rounds were run, or :data:`MAX_SECONDS` passed: the stopping rule looks at how many
 rounds were clean and at the clock, never at the figures.
 
-**Estimators.** The measured slowdown is the median of the clean rounds' paired ratios, with a
+**Estimators.** A measured slowdown is the median of the clean rounds' paired ratios, with a
 distribution-free 95 % interval (order statistics of the median, :func:`median_interval`); the 20 %
-trimmed mean is given beside it. The prediction's inputs ``B_p``, ``B_h``, ``C`` are medians over the
-same rounds; its interval is the same order-statistic interval over each clean round's own prediction.
-
-What *predicts*: the bandwidth term's own curve (:mod:`.bandwidth_curve`, fixed by a published
-loaded-latency measurement, not by anything here): memory-bound work in a domain at offered load
-``x`` runs ``slowdown_factor(x)`` times slower than on an idle domain, so the probe goes from
-``x_p = B_p / C`` alone to ``x = (B_p + B_h) / C`` beside the hog::
-
-    predicted = slowdown_factor((B_p + B_h) / C) / slowdown_factor(B_p / C) − 1
-
-Phase 4 (what is predicted) enters nothing the prediction uses. The report also gives the former
-hinge's prediction ``max(0, (B_p + B_h) / C − 1)``, for comparison, and the curve's own reading of the
-peak phase (``model_peak_utilisation``): the share of ``C`` that a domain of capacity ``C`` delivers,
-on the curve, to the peak phase's offered load ``n × B_h / C``. By the definition of ``C`` it should be
-near 1; well below 1 says ``C`` is not a saturation point of the curve's kind — what a few cores can
-draw, not what the memory can deliver — and the prediction is then outside the curve's ground.
+trimmed mean is given beside it. The fit's inputs ``B_0``, ``B_h``, ``P``, and ``B_p``, ``B_t`` are
+medians over the same rounds; the fitted capacity's and the predictions' intervals are the same
+order-statistic interval over each clean round's own fit and predictions.
 
 **The hog's kernel** (``hog="read"``, the default) is the probe's own: a streaming read, so ``B_p``,
 ``B_h`` and ``C`` are all bytes read from memory — the one unit the model's offered load adds up. A
@@ -57,8 +77,11 @@ traffic that it does not count: glibc copies 4 MiB chunks with ordinary stores b
 ``glibc.cpu.x86_non_temporal_threshold`` (192 MiB here), so each written line is first read. Its
 ``B_h`` and ``C`` then undercount the traffic by up to a third, against the probe's exact count.
 
-Sizes: 256 MiB per array by default — eight times this machine's 32 MiB L3, beyond any L3 this project
-targets (the largest fixture has 105 MiB per socket) — so every pass goes to memory.
+Sizes: 256 MiB per array by default, beyond any L3 this project targets (the largest fixture has 105 MiB
+per socket), so every pass goes to memory. What a node's L3 holds for one VM may differ from what it
+reports: an Intel Xeon VM slice that reports a 480 MiB L3 streams 22.7 GB/s from a 64 MiB array and
+15–16 GB/s from 128 MiB to 2 GiB alike (one core, ``/tmp/calib_bound.py`` in docs/rebalancer.md): there
+256 MiB is memory, 64 MiB is not (two 64 MiB streams then contend for the L3, not for memory).
 """
 
 from __future__ import annotations
@@ -77,7 +100,7 @@ from typing import Any
 import numpy as np
 
 from ..topology import Topology
-from .bandwidth_curve import QUEUEING, slowdown_factor
+from .bandwidth_curve import QUEUEING, achieved, latency_factor
 
 MIB = 2**20
 TOLERANCE = 0.25  # the issue's target: predicted within ±25 % of measured
@@ -95,6 +118,10 @@ START_SECONDS = 0.02  # slices start this long after they are sent (every worker
 # A round counts only if nothing else took more than this share of any of its slices (see Disturbance).
 MAX_DISTURBANCE = 0.1
 HOG_KINDS = ("read", "copy")
+# The second operating point: the hog streams this share of its time (a chunk, then as long again spinning on
+# the clock without touching memory), so it offers about half its load.
+THROTTLE_DUTY = 0.5
+FIT_MAX_RATIO = 1e4  # the fitted capacity is sought up to this many times the peak phase's total
 
 
 @dataclass(frozen=True)
@@ -107,6 +134,7 @@ class SliceResult:
     cpus_allowed: list[int]  # the worker's affinity while it ran: its CPU only
     start: float = 0.0  # time.time() when streaming began
     end: float = 0.0  # and ended
+    duty: float = 1.0  # the share of its time the worker streamed (the rest: spinning on the clock)
 
     @property
     def bytes_per_second(self) -> float:
@@ -137,15 +165,18 @@ class Worker:
             np.copyto(self.dst, self.src)
         self.offset = 0
 
-    def run(self, start: float, end: float) -> SliceResult:
-        """Stream from wall-clock time ``start`` until ``end`` (``time.time()``)."""
+    def run(self, start: float, end: float, duty: float = 1.0) -> SliceResult:
+        """Stream from wall-clock time ``start`` until ``end`` (``time.time()``); with ``duty`` < 1, after each
+        chunk spin on the clock (no memory traffic) for ``(1 − duty) / duty`` of the chunk's time."""
+        if not 0.0 < duty <= 1.0:
+            raise ValueError("duty must be in (0, 1]")
         while time.time() < start:
             pass
         moved = 0
         w0, c0, t0 = time.time(), time.thread_time(), time.perf_counter()
         n, k = len(self.src), self.chunk
         while time.time() < end:
-            o = self.offset
+            o, t_chunk = self.offset, time.perf_counter()
             if self.dst is not None:  # copy: read one array, write the other
                 np.copyto(self.dst[o:o + k], self.src[o:o + k])
                 moved += 2 * 8 * min(k, n - o)
@@ -153,17 +184,23 @@ class Worker:
                 self.src[o:o + k].sum()
                 moved += 8 * min(k, n - o)
             self.offset = o + k if o + k < n else 0
+            if duty < 1.0:
+                now = time.perf_counter()
+                until = now + (now - t_chunk) * (1.0 - duty) / duty
+                while time.perf_counter() < until:
+                    pass
         c1, t1, w1 = time.thread_time(), time.perf_counter(), time.time()
-        return SliceResult(self.role, self.cpu, moved, c1 - c0, t1 - t0, sorted(os.sched_getaffinity(0)), w0, w1)
+        return SliceResult(self.role, self.cpu, moved, c1 - c0, t1 - t0, sorted(os.sched_getaffinity(0)), w0, w1,
+                           duty)
 
 
 def serve(role: str, cpu: int, mib: int, kind: str = "read", stdin=sys.stdin, stdout=sys.stdout) -> None:
-    """Worker protocol: "ready" once allocated, then for each line "start end" one JSON slice result."""
+    """Worker protocol: "ready" once allocated, then for each line "start end [duty]" one JSON slice result."""
     w = Worker(role, cpu, mib, kind)
     print("ready", file=stdout, flush=True)
     for line in stdin:
-        start, end = (float(v) for v in line.split())
-        print(json.dumps(asdict(w.run(start, end))), file=stdout, flush=True)
+        start, end, *duty = (float(v) for v in line.split())
+        print(json.dumps(asdict(w.run(start, end, *duty))), file=stdout, flush=True)
 
 
 class CalibrationError(RuntimeError):
@@ -245,6 +282,10 @@ class Round:
     peak_bytes_per_second: float
     probe_beside_hog_bytes_per_second: float
     hog_beside_probe_bytes_per_second: float
+    throttled_hog_alone_bytes_per_second: float  # the hog at THROTTLE_DUTY, alone
+    probe_beside_throttled_hog_bytes_per_second: float
+    throttled_hog_beside_probe_bytes_per_second: float
+    first_hog_alone_bytes_per_second: float  # the peak phase's hog on the probe's CPU, alone
     disturbance: Disturbance = field(default_factory=Disturbance)  # the worst over the round's phases
 
     @property
@@ -252,14 +293,38 @@ class Round:
         return self.probe_alone_bytes_per_second / self.probe_beside_hog_bytes_per_second - 1.0
 
     @property
-    def predicted(self) -> float:
-        """This round's own prediction (from its own alone and peak phases)."""
-        return predict(self.probe_alone_bytes_per_second, self.hog_alone_bytes_per_second,
-                       self.peak_bytes_per_second)
+    def throttled_slowdown(self) -> float:
+        return self.probe_alone_bytes_per_second / self.probe_beside_throttled_hog_bytes_per_second - 1.0
+
+    def peak_alone(self, workers: int) -> list[float]:
+        """What each of the peak phase's ``workers`` streams draws alone: the hog on the probe's CPU and the hog
+        on the hog's CPU as measured alone; any further one (more than two cores) as the hog alone."""
+        return [self.first_hog_alone_bytes_per_second] + [self.hog_alone_bytes_per_second] * (workers - 1)
 
     @property
     def clean(self) -> bool:
         return self.disturbance.share <= MAX_DISTURBANCE
+
+
+@dataclass(frozen=True)
+class Validation:
+    """One operating point the fit did not see: the probe beside a hog, measured against predicted."""
+
+    hog_alone_bytes_per_second: float  # what the hog draws alone at this point (its offered load)
+    probe_beside_bytes_per_second: float
+    hog_beside_bytes_per_second: float
+    measured_slowdown: float  # median over the clean rounds of the probe's slowdown within the round
+    measured_slowdown_interval: tuple[float, float]  # its distribution-free 95 % interval
+    measured_slowdown_trimmed_mean: float  # the 20 % trimmed mean of the same ratios
+    offered_load: float | None  # (B_p + hog) / fitted capacity (None: no capacity could be fitted)
+    predicted_slowdown: float  # the curve at the fitted capacity; nothing of this point's beside phase
+    predicted_slowdown_interval: tuple[float, float]  # 95 % interval of the rounds' own predictions
+    error: float  # predicted − measured (fractions of the probe's time alone)
+    relative_error: float | None  # |predicted − measured| / measured
+    within_tolerance: bool
+    predicted_inside_measured_interval: bool  # the prediction lies in the measured slowdown's 95 % interval
+    predicted_slowdown_capacity_is_peak: float  # the curve with C = the peak phase's total (the former reading)
+    hinge_predicted_slowdown: float  # the former hinge with C = the peak: max(0, (B_p + hog) / peak − 1)
 
 
 @dataclass(frozen=True)
@@ -268,49 +333,69 @@ class Calibration:
     peak_cpus: list[int]
     array_mib: int
     hog: str  # the hog's kernel: "read" (the probe's) or "copy"
+    throttle_duty: float  # the throttled hog streams this share of its time
     rounds: list[Round]
     clean_rounds: list[int]  # indexes of the rounds everything below is computed from
     slice_seconds: float
-    verdict: str  # "within ±25 %", "outside ±25 %", or "not enough clean rounds: ..."
-    # Measured, and what the prediction uses (medians over the clean rounds):
+    verdict: str  # "within ±25 %", "outside ±25 %", "no loss to fit ..." or "not enough clean rounds: ..."
+    # Measured (medians over the clean rounds); the fit uses these alone-phase and peak-phase figures only:
     probe_alone_bytes_per_second: float | None
     hog_alone_bytes_per_second: float | None
-    capacity_bytes_per_second: float | None  # the peak phase's total
-    # Measured, and what is predicted (None without enough clean rounds):
-    probe_beside_hog_bytes_per_second: float | None
-    hog_beside_probe_bytes_per_second: float | None
-    measured_slowdown: float | None  # median over the clean rounds of the probe's slowdown within the round
-    measured_slowdown_interval: tuple[float, float] | None  # its distribution-free 95 % interval
-    measured_slowdown_trimmed_mean: float | None  # the 20 % trimmed mean of the same ratios
-    # The model:
-    offered_load_alone: float | None  # B_p / C
-    offered_load_beside: float | None  # (B_p + B_h) / C
-    predicted_slowdown: float | None
-    predicted_slowdown_interval: tuple[float, float] | None  # 95 % interval of the rounds' own predictions
-    error: float | None  # predicted − measured (fractions of the probe's time alone)
-    relative_error: float | None  # |predicted − measured| / measured
-    within_tolerance: bool | None
-    memory_bandwidth_cost_per_second: float | None  # the term's cost of probe + hog in one domain of capacity C
-    hinge_predicted_slowdown: float | None  # the former term: max(0, (B_p + B_h) / C − 1)
-    # The model's own reading of the peak phase: its hogs offered n × B_h (each as much as the hog alone) and
-    # delivered C; the curve says a domain of capacity C offered that delivers this share of C. Near 1 when
-    # the peak phase saturates the domain; well below 1 when C is only what the calibration's cores can draw.
-    peak_offered_load: float | None  # n × B_h / C
-    model_peak_utilisation: float | None  # ρ(n × B_h / C) on the term's curve
+    first_hog_alone_bytes_per_second: float | None  # the peak phase's hog on the probe's CPU, alone
+    peak_bytes_per_second: float | None  # the peak phase's total: what its streams delivered together
+    peak_lost_share: float | None  # 1 − peak / Σ what its streams draw alone
+    # The fit: the capacity at which the curve makes the peak phase's streams deliver what they delivered.
+    fitted_capacity_bytes_per_second: float | None
+    fitted_capacity_interval: tuple[float, float] | None  # 95 % interval of the rounds' own fits (inf: no loss)
+    peak_utilisation: float | None  # peak / fitted capacity: how close the peak phase came to saturation
+    # The checks, each at an operating point whose beside phase the fit did not use:
+    full: Validation | None  # probe beside the hog streaming all the time
+    throttled: Validation | None  # probe beside the hog at throttle_duty: another offered load
+    within_tolerance: bool | None  # both within ±25 %
+    memory_bandwidth_cost_per_second: float | None  # the term's cost of probe + hog at the fitted capacity
 
     @property
     def conclusive(self) -> bool:
-        return self.measured_slowdown is not None
+        return self.full is not None
 
     def as_dict(self) -> dict:
         return asdict(self)
 
 
-def predict(probe: float, hog: float, capacity: float) -> float:
-    """The bandwidth term's predicted slowdown of the probe beside the hog (see the module docstring)."""
-    alone = float(slowdown_factor(probe / capacity))
-    beside = float(slowdown_factor((probe + hog) / capacity))
-    return beside / alone - 1.0
+def together(alone: Sequence[float], capacity: float) -> tuple[float, float]:
+    """(total delivered, latency factor) of streams sharing a domain of ``capacity``, each drawing ``alone[i]``
+    when alone, on the curve. A closed-loop stream's rate is its demand over the latency factor: alone at
+    ρ = B / C it drew ``B``, so its demand is ``B × q(B / C)``; together the domain settles where
+    ``ρ q(ρ) = Σ demand / C`` (:func:`.bandwidth_curve.achieved`) and delivers ``C ρ``."""
+    if capacity <= max(alone):
+        raise ValueError("a capacity must exceed what one stream draws alone")
+    demand = sum(float(b * latency_factor(b / capacity)) for b in alone)
+    rho = float(achieved(demand / capacity))
+    return capacity * rho, float(latency_factor(rho))
+
+
+def predict(probe: float, hog: float, capacity: float | None) -> float:
+    """The curve's slowdown of a probe drawing ``probe`` alone beside a hog drawing ``hog`` alone, in a domain
+    of ``capacity`` (None: no measurable loss, no slowdown)."""
+    if capacity is None:
+        return 0.0
+    _, beside = together([probe, hog], capacity)
+    return beside / float(latency_factor(probe / capacity)) - 1.0
+
+
+def fit_capacity(alone: Sequence[float], delivered: float) -> float | None:
+    """The capacity at which the curve makes streams drawing ``alone`` each deliver ``delivered`` together
+    (:func:`together`; the delivered total grows with the capacity, so bisection). None when they lost
+    nothing measurable: no capacity below ``FIT_MAX_RATIO`` × the delivered total reproduces so little loss."""
+    lo, hi = max(delivered, max(alone)) * (1 + 1e-9), delivered * FIT_MAX_RATIO
+    if delivered >= sum(alone) or together(alone, hi)[0] < delivered:
+        return None
+    for _ in range(200):
+        mid = math.sqrt(lo * hi)
+        lo, hi = (mid, hi) if together(alone, mid)[0] < delivered else (lo, mid)
+        if hi / lo < 1 + 1e-12:
+            break
+    return math.sqrt(lo * hi)
 
 
 def median_interval(values: Sequence[float], confidence: float = CONFIDENCE) -> tuple[float, float]:
@@ -339,52 +424,118 @@ def trimmed_mean(values: Sequence[float], trim: float = TRIM) -> float:
     return float(np.mean(kept))
 
 
+def _validation(used: list[Round], capacity: float | None, round_capacities: list[float | None], bp: float,
+                peak: float, hog: str) -> Validation:
+    """The check at one operating point: ``hog`` is ``""`` (the full hog) or ``"throttled_"``."""
+    def med(attr: str) -> float:
+        return float(np.median([getattr(r, attr) for r in used]))
+
+    bh = med(f"{hog}hog_alone_bytes_per_second")
+    beside = med(f"probe_beside_{hog}hog_bytes_per_second")
+    if min(bh, beside) <= 0:
+        raise CalibrationError("a phase moved no bytes")
+    ratios = [r.throttled_slowdown if hog else r.slowdown for r in used]
+    measured = float(np.median(ratios))
+    lo, hi = median_interval(ratios)
+    predicted = predict(bp, bh, capacity)
+    per_round = [predict(r.probe_alone_bytes_per_second, getattr(r, f"{hog}hog_alone_bytes_per_second"), c)
+                 for r, c in zip(used, round_capacities, strict=True)]
+    err = predicted - measured
+    return Validation(
+        hog_alone_bytes_per_second=bh, probe_beside_bytes_per_second=beside,
+        hog_beside_bytes_per_second=med(f"{hog}hog_beside_probe_bytes_per_second"),
+        measured_slowdown=measured, measured_slowdown_interval=(lo, hi),
+        measured_slowdown_trimmed_mean=trimmed_mean(ratios),
+        offered_load=(bp + bh) / capacity if capacity else None,
+        predicted_slowdown=predicted, predicted_slowdown_interval=median_interval(per_round),
+        error=err, relative_error=abs(err) / abs(measured) if measured else None,
+        within_tolerance=abs(err) <= TOLERANCE * abs(measured),
+        predicted_inside_measured_interval=lo <= predicted <= hi,
+        predicted_slowdown_capacity_is_peak=predict(bp, bh, peak) if peak > max(bp, bh) else math.inf,
+        hinge_predicted_slowdown=max(0.0, (bp + bh) / peak - 1.0))
+
+
 def summarise(cpus: tuple[int, int], peak_cpus: list[int], mib: int, rounds: list[Round], slice_seconds: float,
-              weight: float, hog: str = "read", min_clean: int = MIN_CLEAN_ROUNDS) -> Calibration:
-    """The report from measured rounds: pure arithmetic (tested without running anything)."""
+              weight: float, hog: str = "read", min_clean: int = MIN_CLEAN_ROUNDS,
+              duty: float = THROTTLE_DUTY) -> Calibration:
+    """The report from measured rounds: pure arithmetic (tested without running anything). The capacity is
+    fitted to the alone and peak phases only; each prediction uses that capacity and the alone phases, never
+    the beside phase it is checked against."""
     if not rounds:
         raise CalibrationError("no rounds measured")
     clean = [i for i, r in enumerate(rounds) if r.clean]
     used = [rounds[i] for i in clean]
-    base: dict[str, Any] = dict(cpus=cpus, peak_cpus=peak_cpus, array_mib=mib, hog=hog, rounds=rounds,
-                                clean_rounds=clean, slice_seconds=slice_seconds)
+    base: dict[str, Any] = dict(cpus=cpus, peak_cpus=peak_cpus, array_mib=mib, hog=hog, throttle_duty=duty,
+                                rounds=rounds, clean_rounds=clean, slice_seconds=slice_seconds)
     if len(used) < min_clean:
         return Calibration(
             **base, verdict=f"not enough clean rounds: {len(used)} of {len(rounds)} (need {min_clean})",
-            probe_alone_bytes_per_second=None, hog_alone_bytes_per_second=None, capacity_bytes_per_second=None,
-            probe_beside_hog_bytes_per_second=None, hog_beside_probe_bytes_per_second=None,
-            measured_slowdown=None, measured_slowdown_interval=None, measured_slowdown_trimmed_mean=None,
-            offered_load_alone=None, offered_load_beside=None, predicted_slowdown=None,
-            predicted_slowdown_interval=None, error=None, relative_error=None, within_tolerance=None,
-            memory_bandwidth_cost_per_second=None, hinge_predicted_slowdown=None, peak_offered_load=None,
-            model_peak_utilisation=None)
+            probe_alone_bytes_per_second=None, hog_alone_bytes_per_second=None,
+            first_hog_alone_bytes_per_second=None, peak_bytes_per_second=None,
+            peak_lost_share=None, fitted_capacity_bytes_per_second=None, fitted_capacity_interval=None,
+            peak_utilisation=None, full=None, throttled=None, within_tolerance=None,
+            memory_bandwidth_cost_per_second=None)
 
     def med(attr: str) -> float:
         return float(np.median([getattr(r, attr) for r in used]))
 
-    bp, bh, cap = med("probe_alone_bytes_per_second"), med("hog_alone_bytes_per_second"), med("peak_bytes_per_second")
-    if min(bp, bh, cap, med("probe_beside_hog_bytes_per_second")) <= 0:
+    n = len(peak_cpus)
+    bp, bh, peak = med("probe_alone_bytes_per_second"), med("hog_alone_bytes_per_second"), med("peak_bytes_per_second")
+    first = med("first_hog_alone_bytes_per_second")
+    if min(bp, bh, peak, first) <= 0:
         raise CalibrationError("a phase moved no bytes")
-    ratios = [r.slowdown for r in used]
-    measured = float(np.median(ratios))
-    predicted = predict(bp, bh, cap)
-    err = predicted - measured
-    within = abs(err) <= TOLERANCE * abs(measured)
+    alone = [first] + [bh] * (n - 1)
+    capacity = fit_capacity(alone, peak)
+    round_caps = [fit_capacity(r.peak_alone(n), r.peak_bytes_per_second) for r in used]
+    full = _validation(used, capacity, round_caps, bp, peak, "")
+    throttled = _validation(used, capacity, round_caps, bp, peak, "throttled_")
+    within = full.within_tolerance and throttled.within_tolerance
+    verdict = f"{'within' if within else 'outside'} ±{TOLERANCE:.0%}"
+    if capacity is None:
+        verdict += f" (no loss to fit: the peak phase delivered {peak / sum(alone):.3f} of what its streams draw alone)"
     return Calibration(
-        **base, verdict=f"{'within' if within else 'outside'} ±{TOLERANCE:.0%}",
-        probe_alone_bytes_per_second=bp, hog_alone_bytes_per_second=bh, capacity_bytes_per_second=cap,
-        probe_beside_hog_bytes_per_second=med("probe_beside_hog_bytes_per_second"),
-        hog_beside_probe_bytes_per_second=med("hog_beside_probe_bytes_per_second"),
-        measured_slowdown=measured, measured_slowdown_interval=median_interval(ratios),
-        measured_slowdown_trimmed_mean=trimmed_mean(ratios),
-        offered_load_alone=bp / cap, offered_load_beside=(bp + bh) / cap,
-        predicted_slowdown=predicted, predicted_slowdown_interval=median_interval([r.predicted for r in used]),
-        error=err, relative_error=abs(err) / abs(measured) if measured else None, within_tolerance=within,
-        memory_bandwidth_cost_per_second=weight * float(QUEUEING((bp + bh) / cap)),
-        hinge_predicted_slowdown=max(0.0, (bp + bh) / cap - 1.0),
-        peak_offered_load=len(peak_cpus) * bh / cap,
-        model_peak_utilisation=len(peak_cpus) * bh / cap - float(QUEUEING(len(peak_cpus) * bh / cap)),
+        **base, verdict=verdict,
+        probe_alone_bytes_per_second=bp, hog_alone_bytes_per_second=bh, first_hog_alone_bytes_per_second=first,
+        peak_bytes_per_second=peak,
+        peak_lost_share=1.0 - peak / sum(alone),
+        fitted_capacity_bytes_per_second=capacity,
+        fitted_capacity_interval=median_interval([math.inf if c is None else c for c in round_caps]),
+        peak_utilisation=peak / capacity if capacity else None,
+        full=full, throttled=throttled, within_tolerance=within,
+        memory_bandwidth_cost_per_second=weight * float(QUEUEING((bp + bh) / capacity)) if capacity else 0.0,
     )
+
+
+def rounds_from_report(report: dict[str, Any]) -> list[Round]:
+    """The rounds of a printed report (its JSON), clean or not."""
+    try:
+        return [Round(**{k: float(v) for k, v in r.items() if k != "disturbance"},
+                      disturbance=Disturbance(**r["disturbance"])) for r in report["rounds"]]
+    except (KeyError, TypeError, ValueError) as e:
+        raise CalibrationError(f"not a calibration report: {e}") from e
+
+
+POOLED_SETTINGS = ("cpus", "peak_cpus", "array_mib", "hog", "throttle_duty", "slice_seconds")
+
+
+def pool(reports: Sequence[dict[str, Any]], weight: float) -> Calibration:
+    """One report over the rounds of several runs with the same settings (each run is held to the bench lock's
+    few minutes; pooled, their clean rounds narrow the intervals). Each round stays paired within itself, and
+    the fit and the predictions still use only the alone and peak phases, now of every pooled round."""
+    if not reports:
+        raise CalibrationError("no reports to pool")
+    first = reports[0]
+    for i, r in enumerate(reports[1:], 1):
+        for k in POOLED_SETTINGS:
+            if r.get(k) != first.get(k):
+                raise CalibrationError(f"report {i} has {k} {r.get(k)!r}, report 0 {first.get(k)!r}")
+    rounds = [x for r in reports for x in rounds_from_report(r)]
+    try:
+        cpus = (int(first["cpus"][0]), int(first["cpus"][1]))
+        return summarise(cpus, [int(c) for c in first["peak_cpus"]], int(first["array_mib"]), rounds,
+                         float(first["slice_seconds"]), weight, str(first["hog"]), duty=float(first["throttle_duty"]))
+    except (KeyError, TypeError, ValueError, IndexError) as e:
+        raise CalibrationError(f"not a calibration report: {e}") from e
 
 
 def pick_cpus(topo: Topology) -> tuple[tuple[int, int], list[int]]:
@@ -422,9 +573,9 @@ class _Proc:
             raise CalibrationError(f"worker exited with status {self.p.returncode}")
         return line.strip()
 
-    def send(self, start: float, end: float) -> None:
+    def send(self, start: float, end: float, duty: float = 1.0) -> None:
         assert self.p.stdin is not None
-        self.p.stdin.write(f"{start!r} {end!r}\n")
+        self.p.stdin.write(f"{start!r} {end!r} {duty!r}\n")
         self.p.stdin.flush()
 
     def result(self) -> SliceResult:
@@ -455,15 +606,16 @@ class _Phases:
         except OSError:
             return {}  # no foreign-load check then; the loaders' CPU-share check still holds
 
-    def run(self, workers: list[tuple[_Proc, float, float]], loaders: Sequence[int] = ()) -> _Phase:
-        """``workers``: (worker, start offset, end offset beyond the slice); ``loaders``: see :func:`disturbance`."""
+    def run(self, workers: list[tuple[_Proc, float, float, float]], loaders: Sequence[int] = ()) -> _Phase:
+        """``workers``: (worker, start offset, end offset beyond the slice, duty); ``loaders``: see
+        :func:`disturbance`."""
         before, t0 = self._ticks(), time.perf_counter()
         t = time.time() + START_SECONDS
-        for w, a, b in workers:
-            w.send(t + a, t + self.slice + b)
-        results = [w.result() for w, _, _ in workers]
+        for w, a, b, duty in workers:
+            w.send(t + a, t + self.slice + b, duty)
+        results = [w.result() for w, _, _, _ in workers]
         after, seconds = self._ticks(), time.perf_counter() - t0
-        active = {w.cpu for w, _, _ in workers}
+        active = {w.cpu for w, _, _, _ in workers}
         return _Phase(results, disturbance(results, loaders, before, after, seconds, self.hz,
                                            [c for c in self.cpus if c not in active]))
 
@@ -477,7 +629,7 @@ class _Phase:
 def calibrate(topo: Topology, phase_seconds: float = 12.0, mib: int = 256, weight: float = 4.0,
               cpus: tuple[int, int] | None = None, hog: str = "read", proc: Path = Path("/proc"),
               slice_seconds: float = SLICE_SECONDS, max_rounds_factor: int = MAX_ROUNDS_FACTOR,
-              max_seconds: float = MAX_SECONDS) -> Calibration:
+              max_seconds: float = MAX_SECONDS, duty: float = THROTTLE_DUTY) -> Calibration:
     """Rounds until ``phase_seconds`` of each phase were measured in clean rounds (``phase_seconds /
     slice_seconds`` of them), or ``max_rounds_factor`` times as many rounds were run, or ``max_seconds``
     have passed. The stopping rule looks only at how many rounds were clean and at the clock, never at
@@ -504,16 +656,19 @@ def calibrate(topo: Topology, phase_seconds: float = 12.0, mib: int = 256, weigh
         hog_b = hogs[1]  # the hog on CPU b
 
         def probe_alone() -> _Phase:
-            return phases.run([(probe, 0.0, 0.0)])
+            return phases.run([(probe, 0.0, 0.0, 1.0)])
 
-        def hog_alone() -> _Phase:
-            return phases.run([(hog_b, 0.0, 0.0)])
+        def hog_alone(hog_duty: float = 1.0) -> _Phase:
+            return phases.run([(hog_b, 0.0, 0.0, hog_duty)])
+
+        def first_hog_alone() -> _Phase:
+            return phases.run([(hogs[0], 0.0, 0.0, 1.0)])
 
         def peak_phase() -> _Phase:
-            return phases.run([(h, 0.0, 0.0) for h in hogs], loaders=range(len(hogs)))
+            return phases.run([(h, 0.0, 0.0, 1.0) for h in hogs], loaders=range(len(hogs)))
 
-        def beside() -> _Phase:
-            ph = phases.run([(hog_b, 0.0, 2 * LEAD_SECONDS), (probe, LEAD_SECONDS, 0.0)], loaders=[0])
+        def beside(hog_duty: float = 1.0) -> _Phase:
+            ph = phases.run([(hog_b, 0.0, 2 * LEAD_SECONDS, hog_duty), (probe, LEAD_SECONDS, 0.0, 1.0)], loaders=[0])
             hb, pb = ph.results
             d = ph.disturbance
             return _Phase(ph.results, Disturbance(d.loader_share_lost, d.foreign_share, d.steal_share,
@@ -522,21 +677,23 @@ def calibrate(topo: Topology, phase_seconds: float = 12.0, mib: int = 256, weigh
         deadline = time.monotonic() + max_seconds
         while (sum(r.clean for r in rounds) < wanted and len(rounds) < max_rounds_factor * wanted
                and time.monotonic() < deadline):
-            # The probe's two phases next to each other, in turn first and second; then the others.
+            # The probe's three phases next to each other, alone in turn first and last; then the others.
             if len(rounds) % 2 == 0:
-                pa, pb = probe_alone(), beside()
-                ha, pk = hog_alone(), peak_phase()
+                pa, pb, pt = probe_alone(), beside(), beside(duty)
+                ha, ht, h0, pk = hog_alone(), hog_alone(duty), first_hog_alone(), peak_phase()
             else:
-                pb, pa = beside(), probe_alone()
-                pk, ha = peak_phase(), hog_alone()
+                pt, pb, pa = beside(duty), beside(), probe_alone()
+                pk, h0, ht, ha = peak_phase(), first_hog_alone(), hog_alone(duty), hog_alone()
             rounds.append(Round(pa.results[0].bytes_per_second, ha.results[0].bytes_per_second,
                                 sum(r.bytes_per_second for r in pk.results), pb.results[1].bytes_per_second,
-                                pb.results[0].bytes_per_second,
-                                Disturbance.worst([pa.disturbance, pb.disturbance, ha.disturbance, pk.disturbance])))
+                                pb.results[0].bytes_per_second, ht.results[0].bytes_per_second,
+                                pt.results[1].bytes_per_second, pt.results[0].bytes_per_second,
+                                h0.results[0].bytes_per_second,
+                                Disturbance.worst([p.disturbance for p in (pa, pb, pt, ha, ht, h0, pk)])))
     finally:
         for p in procs:
             p.close()
-    return summarise((a, b), peak, mib, rounds, sl, weight, hog)
+    return summarise((a, b), peak, mib, rounds, sl, weight, hog, duty=duty)
 
 
 def _main(argv: list[str]) -> int:

@@ -4,7 +4,8 @@ and the scenario JSON schema.
     cri-resmgr rebalance --scenario FILE [--rounds N] [--config FILE]
     cri-resmgr rebalance --generate FAMILY [--machine NAME] [--containers N] [--seed N]
     cri-resmgr rebalance --schema
-    cri-resmgr rebalance --calibrate [--seconds 12] [--array-mib 256] [--hog read|copy]
+    cri-resmgr rebalance --calibrate [--seconds 12] [--array-mib 256] [--hog read|copy] [--hog-duty 0.5]
+    cri-resmgr rebalance --calibration-pool REPORT.json [REPORT.json ...]
 
 With one round the output is the plan (moves, cost before/after, migration cost); with ``--rounds N``
 each round's plan is applied before the next and the output is ``{"rounds": [plan, ...]}``. The
@@ -12,6 +13,8 @@ configuration's ``rebalancer`` section (``--config``) is the base the scenario's
 overrides. Exit status 2 for an invalid scenario or configuration, with every problem on stderr.
 ``--calibrate`` exits 0 when it measured (the report says whether the model is within ±25 %), 1 when
 it could not: a worker failed, or too few rounds were clean (the report is printed, without figures).
+``--calibration-pool`` prints one report over the rounds of several ``--calibrate`` reports with the same
+settings (exit 0 / 1 likewise; 2 for an unreadable report or different settings).
 """
 
 from __future__ import annotations
@@ -36,12 +39,16 @@ def add_parser(sub, common_args) -> None:
     g.add_argument("--calibrate", action="store_true",
                    help="measure a memory-bandwidth hog beside a memory-bound probe on this machine and compare "
                         "the model's predicted slowdown with the measured one")
+    g.add_argument("--calibration-pool", nargs="+", type=Path, metavar="REPORT",
+                   help="one calibration report over the rounds of several --calibrate reports (same settings)")
     p.add_argument("--seconds", type=float, default=12.0,
-                   help="--calibrate: seconds of clean rounds per phase (four phases; at most 4x as many rounds, "
+                   help="--calibrate: seconds of clean rounds per phase (seven phases; at most 4x as many rounds, "
                         "150 s)")
     p.add_argument("--array-mib", type=int, default=256, help="--calibrate: MiB per streamed array")
     p.add_argument("--hog", choices=("read", "copy"), default="read",
                    help="--calibrate: the hog's kernel (read: the probe's own, one unit for the model)")
+    p.add_argument("--hog-duty", type=float, default=0.5,
+                   help="--calibrate: the throttled hog's share of time streaming (the second operating point)")
     p.add_argument("--rounds", type=int, default=1, help="plan, apply and plan again this many times")
     p.add_argument("--machine", default="xeon-2s-112c-snc2", help="fixture machine for --generate")
     p.add_argument("--containers", type=int, default=50, help="containers for --generate")
@@ -59,6 +66,8 @@ def cmd_rebalance(args: argparse.Namespace) -> int:
         return EXIT_OK
     if args.calibrate:
         return cmd_calibrate(args)
+    if args.calibration_pool:
+        return cmd_calibration_pool(args)
     if args.generate:
         from ..topology.fixtures import MACHINES
 
@@ -95,9 +104,10 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from ..topology import discover
     from .calibrate import MIN_CLEAN_ROUNDS, SLICE_SECONDS, CalibrationError, calibrate
 
-    if not MIN_CLEAN_ROUNDS * SLICE_SECONDS <= args.seconds <= 60 or not 16 <= args.array_mib <= 4096:
+    if (not MIN_CLEAN_ROUNDS * SLICE_SECONDS <= args.seconds <= 60 or not 16 <= args.array_mib <= 4096
+            or not 0.1 <= args.hog_duty <= 0.9):
         print(f"cri-resmgr: --seconds must be in [{MIN_CLEAN_ROUNDS * SLICE_SECONDS:g}, 60] (enough clean rounds "
-              "to measure) and --array-mib in [16, 4096]", file=sys.stderr)
+              "to measure), --array-mib in [16, 4096] and --hog-duty in [0.1, 0.9]", file=sys.stderr)
         return EXIT_CONFIG
     try:
         cfg = load_config(args.config, env={})
@@ -106,13 +116,36 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         return EXIT_CONFIG
     try:
         result = calibrate(discover(cfg.paths.sysfs), args.seconds, args.array_mib,
-                           weight=cfg.rebalancer.weights.memory_bandwidth, hog=args.hog, proc=cfg.paths.proc)
+                           weight=cfg.rebalancer.weights.memory_bandwidth, hog=args.hog, proc=cfg.paths.proc,
+                           duty=args.hog_duty)
     except (ValueError, CalibrationError, OSError) as e:
         print(f"cri-resmgr: calibration failed: {e}", file=sys.stderr)
         return 1
     print(dumps_finite(result.as_dict()))
     if not result.conclusive:  # the report (every round) is printed, but no measured figure: exit 1
         print(f"cri-resmgr: calibration: {result.verdict}; the machine was too busy to measure", file=sys.stderr)
+        return 1
+    return EXIT_OK
+
+
+def cmd_calibration_pool(args: argparse.Namespace) -> int:
+    from ..config import ConfigError, load_config
+    from .calibrate import CalibrationError, pool
+
+    try:
+        cfg = load_config(args.config, env={})
+    except ConfigError as e:
+        print(e.render(), file=sys.stderr)
+        return EXIT_CONFIG
+    try:
+        reports = [json.loads(p.read_text()) for p in args.calibration_pool]
+        result = pool(reports, weight=cfg.rebalancer.weights.memory_bandwidth)
+    except (OSError, ValueError, CalibrationError) as e:  # json.JSONDecodeError is a ValueError
+        print(f"cri-resmgr: --calibration-pool: {e}", file=sys.stderr)
+        return EXIT_CONFIG
+    print(dumps_finite(result.as_dict()))
+    if not result.conclusive:
+        print(f"cri-resmgr: calibration: {result.verdict}", file=sys.stderr)
         return 1
     return EXIT_OK
 
