@@ -10,18 +10,22 @@ windowed ratio and the ``active`` flag with hysteresis.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from operator import is_
 from pathlib import Path
 from typing import Literal
+
+import numpy as np
 
 from .. import metrics as M
 from ..config import Avx512CollectorConfig, Paths
 from ..ebpf.avx512 import DEFAULT_OBJECT, Avx512Source, BccSource, CounterKey, Counts, LibbpfSource, LoaderError
 from ..ebpf.probe import choose_loader, probe_capabilities
-from ..store import Sample
+from ..store import Columns, Sample
 from ..topology import Topology
 from .base import Collector, CollectorUnavailable, Probe
 from .cgroup import CgroupLayout, containers_in, detect_layout, find_containers
@@ -82,6 +86,27 @@ def choose_attribution(pref: Literal["auto", "cgroup_id", "pid"], layout: Cgroup
     return Attribution("pid", layout, controller=None if layout.version == 2 else "cpuacct")
 
 
+# A container's slots in the row, in this order (the last use is NaN, i.e. not written, until there was one).
+_CONTAINER_METRICS = (M.CONTAINER_AVX512_SWITCHES.name, M.CONTAINER_CONTEXT_SWITCHES.name,
+                      M.CONTAINER_AVX512_RATIO.name, M.CONTAINER_AVX512_ACTIVE.name, M.CONTAINER_AVX512_LAST_USE.name)
+_SLOTS = len(_CONTAINER_METRICS)
+_ZERO = Counts()
+
+
+@dataclass
+class _Row:
+    """The row as laid out for a set of containers and CPUs: ``keys`` handed to the store unchanged while
+    these stay; ``values`` the last run's, updated in place."""
+
+    cids: list[str]
+    idents: list[ContainerIdentity]
+    cpus: list[int]
+    keys: list[tuple[str, Mapping[str, str]]]
+    index: dict[str, int]  # container -> its first slot
+    cpu_at: int  # the first per-CPU slot
+    values: np.ndarray
+
+
 def open_source(loader: str, cfg: Avx512CollectorConfig, key_by_tgid: bool) -> Avx512Source:
     if loader == "libbpf":
         return LibbpfSource(cfg.object_path or DEFAULT_OBJECT, cfg.map_entries, key_by_tgid)
@@ -118,6 +143,8 @@ class Avx512Collector(Collector):
         self._windows: dict[str, RatioWindow] = {}
         self._active: dict[str, bool] = {}
         self._cpu_windows: dict[int, RatioWindow] = {}
+        self._row: _Row | None = None
+        self._quiet: dict[str, Counts] = {}  # container -> its counts when its ratio was last 0 (not active)
         self.failed_inserts = 0
         self._warned_at = -WARN_EVERY_SECONDS
 
@@ -195,6 +222,12 @@ class Avx512Collector(Collector):
         return True, ident.container_id if ident else None
 
     def collect(self, now: float) -> list[Sample]:
+        return self.collect_row(now).samples()
+
+    def collect_row(self, now: float) -> Columns:
+        """The run's series as one row of :class:`Columns`: the keys list is the same object while the
+        containers and CPUs stay the same, and only the slots of containers whose counts moved, or whose
+        ratio is not 0, are computed again (the others' values stand: see the loop below)."""
         if self.source is None or self.attribution is None:
             raise CollectorUnavailable(self.reason)
         try:
@@ -250,10 +283,25 @@ class Avx512Collector(Collector):
             self._owner.pop(key, None)
             self._seen.pop(key, None)
 
-        samples: list[Sample] = []
+        # Per container: the retired keys' final counts plus the live keys' (only containers with counts).
+        totals = dict(live)
+        for cid, c in self._retired.items():
+            totals[cid] = c + totals[cid] if cid in totals else c
+        cpus = [cpu for cpu in range(len(snap.cpus)) if not self.topology.cpus or cpu in self.topology.cpus]
+        row = self._row
+        cids = list(containers)
+        if (row is None or row.cids != cids or not all(map(is_, row.idents, containers.values()))
+                or row.cpus != cpus):
+            row = self._row = self._layout_row(containers, cpus, row)
+        values = row.values
         cfg = self.cfg
-        for cid, ident in containers.items():
-            total = self._retired.get(cid, Counts()) + live.get(cid, Counts())
+        quiet = self._quiet
+        zero = _ZERO
+        # A container whose counts stand and whose ratio was 0 (so not active) keeps its slots: its ratio stays
+        # 0 however the window slides (no increase of the numerator since the base, or none of the
+        # denominator), and the window's base keeps the same counts without the points in between.
+        for cid in [c for c in cids if c not in quiet or totals.get(c, zero) != quiet[c]]:
+            total = totals.get(cid, zero)
             win = self._windows.get(cid)
             if win is None:
                 # Counting started at attach (or at the cgroup's creation, later): zero at attach time.
@@ -261,28 +309,23 @@ class Avx512Collector(Collector):
             ratio = win.update(t, total.avx512_switches, total.switches, cfg.window_seconds)
             active = self._active[cid] = next_active(self._active.get(cid, False), ratio, cfg.active_threshold,
                                                      cfg.active_hysteresis)
-            lab = ident.labels()
-            samples += [
-                Sample(M.CONTAINER_AVX512_SWITCHES.name, lab, float(total.avx512_switches)),
-                Sample(M.CONTAINER_CONTEXT_SWITCHES.name, lab, float(total.switches)),
-                Sample(M.CONTAINER_AVX512_RATIO.name, lab, ratio),
-                Sample(M.CONTAINER_AVX512_ACTIVE.name, lab, 1.0 if active else 0.0),
-            ]
-            if total.last_avx512_ns:
-                samples.append(Sample(M.CONTAINER_AVX512_LAST_USE.name, lab,
-                                      now - (mono_ns - total.last_avx512_ns) / 1e9))
-        for d in (self._windows, self._active, self._retired):
-            for cid in [c for c in d if c not in containers]:
-                del d[cid]
+            i = row.index[cid]
+            values[i:i + _SLOTS] = (float(total.avx512_switches), float(total.switches), ratio,
+                                    1.0 if active else 0.0,
+                                    now - (mono_ns - total.last_avx512_ns) / 1e9 if total.last_avx512_ns
+                                    else math.nan)
+            if ratio == 0.0 and not active:
+                quiet[cid] = total
+            else:
+                quiet.pop(cid, None)
 
-        for cpu, tot in enumerate(snap.cpus):
-            if self.topology.cpus and cpu not in self.topology.cpus:
-                continue  # possible but not present
-            lab = self.topology.cpu_labels(cpu)
+        k = row.cpu_at
+        for cpu in cpus:
+            tot = snap.cpus[cpu]
             win = self._cpu_windows.setdefault(cpu, RatioWindow(deque([(self._attach_t, 0, 0)])))
-            samples.append(Sample(M.CPU_AVX512_SWITCHES.name, lab, float(tot.avx512_switches)))
-            samples.append(Sample(M.CPU_AVX512_RATIO.name, lab,
-                                  win.update(t, tot.avx512_switches, tot.switches, cfg.window_seconds)))
+            values[k] = float(tot.avx512_switches)
+            values[k + 1] = win.update(t, tot.avx512_switches, tot.switches, cfg.window_seconds)
+            k += 2
 
         failed = snap.failed_inserts
         if failed > self.failed_inserts and t - self._warned_at >= WARN_EVERY_SECONDS:
@@ -290,12 +333,35 @@ class Avx512Collector(Collector):
             log.warning("avx512: counts map full (%d entries): %d events not attributed so far; raise "
                         "collectors.avx512.map_entries", snap.capacity, failed)
         self.failed_inserts = failed
-        samples += [
-            Sample(M.AVX512_MAP_ENTRIES.name, {}, float(len(snap.counts) - len(dead))),
-            Sample(M.AVX512_MAP_CAPACITY.name, {}, float(snap.capacity)),
-            Sample(M.AVX512_MAP_INSERT_FAILURES.name, {}, float(failed)),
-        ]
-        return samples
+        values[k:k + 3] = (float(len(snap.counts) - len(dead)), float(snap.capacity), float(failed))
+        return Columns(row.keys, values.copy())
+
+    def _layout_row(self, containers: dict[str, ContainerIdentity], cpus: list[int], old: _Row | None) -> _Row:
+        """The row's series for these containers and CPUs; the slots of containers already in ``old`` keep
+        their values. State of containers that went is dropped."""
+        keys: list[tuple[str, Mapping[str, str]]] = []
+        index: dict[str, int] = {}
+        for cid, ident in containers.items():
+            lab = ident.labels()
+            index[cid] = len(keys)
+            keys += [(m, lab) for m in _CONTAINER_METRICS]
+        cpu_at = len(keys)
+        for cpu in cpus:
+            lab = self.topology.cpu_labels(cpu)
+            keys += [(M.CPU_AVX512_SWITCHES.name, lab), (M.CPU_AVX512_RATIO.name, lab)]
+        keys += [(M.AVX512_MAP_ENTRIES.name, {}), (M.AVX512_MAP_CAPACITY.name, {}),
+                 (M.AVX512_MAP_INSERT_FAILURES.name, {})]
+        values = np.full(len(keys), math.nan)
+        if old is not None:
+            kept = [(i, old.index[cid]) for cid, i in index.items() if cid in old.index]
+            if kept:
+                new_at, old_at = (np.repeat(np.array(x, dtype=np.int64), _SLOTS) + np.tile(np.arange(_SLOTS), len(x))
+                                  for x in zip(*kept, strict=True))
+                values[new_at] = old.values[old_at]
+        for d in (self._windows, self._active, self._retired, self._quiet):
+            for cid in [c for c in d if c not in containers]:
+                del d[cid]
+        return _Row(list(containers), list(containers.values()), cpus, keys, index, cpu_at, values)
 
     def close(self) -> None:
         if self._v2_discovery is not None:

@@ -1,0 +1,145 @@
+"""The AVX-512 collector's row (Columns, only changed containers computed) against the per-sample computation
+it replaced: every container's window updated on every run, on a fixture v2 tree with a fake BPF source."""
+
+import os
+import random
+import shutil
+from collections import deque
+
+import numpy as np
+
+from cri_resmgr import metrics as M
+from cri_resmgr.collectors.avx512 import Avx512Collector, RatioWindow, choose_attribution, next_active
+from cri_resmgr.collectors.cgroup import detect_layout
+from cri_resmgr.collectors.cgroup_ids import CgroupIdResolver
+from cri_resmgr.config import Avx512CollectorConfig, Paths
+from cri_resmgr.ebpf.avx512 import Avx512Source, CounterKey, Counts, CpuTotals, Snapshot
+from cri_resmgr.store import Store
+from cri_resmgr.topology import Topology
+
+from .cgroupfs import Values, make_v2
+
+UID = "0f3e6a4e-8a3b-4c1d-9e2f-1a2b3c4d5e6f"
+
+
+class FakeSource(Avx512Source):
+    def __init__(self) -> None:
+        super().__init__("fake", False, 4096)
+        self.counts: dict[CounterKey, Counts] = {}
+        self.cpus = [CpuTotals(0, 0, 0), CpuTotals(0, 0, 0)]
+
+    def read(self) -> Snapshot:
+        return Snapshot(dict(self.counts), list(self.cpus), self.capacity)
+
+    def retire(self, keys):
+        return {k: self.counts.pop(k) for k in keys if k in self.counts}
+
+
+def rel(n: int) -> str:
+    return f"kubepods/burstable/pod{UID}/{n:064x}"
+
+
+_update = RatioWindow.update
+
+
+class RefWindow(RatioWindow):
+    def update(self, *a):  # not counted as the collector's work
+        return _update(self, *a)
+
+
+def reference(windows, active, totals, cids, t, cfg):
+    """The old collect(): every container's window and flag updated on every run."""
+    out = {}
+    for cid in cids:
+        total = totals.get(cid, Counts())
+        win = windows.setdefault(cid, RefWindow(deque([(0.0, 0, 0)])))
+        ratio = win.update(t, total.avx512_switches, total.switches, cfg.window_seconds)
+        active[cid] = next_active(active.get(cid, False), ratio, cfg.active_threshold, cfg.active_hysteresis)
+        out[cid] = (float(total.avx512_switches), float(total.switches), ratio, 1.0 if active[cid] else 0.0)
+    return out
+
+
+def test_row_computes_only_changed_containers_and_equals_the_per_sample_values(tmp_path, monkeypatch):
+    root = tmp_path / "cg"
+    live_n = list(range(1, 7))
+    for n in live_n:
+        make_v2(root, rel(n), Values())
+    t = [10.0]
+    cfg = Avx512CollectorConfig(interval_seconds=2, window_seconds=6)
+    col = Avx512Collector(cfg, Paths(cgroup=root), Topology(), clock=lambda: t[0])
+    src = col.source = FakeSource()
+    col.attribution = choose_attribution("cgroup_id", detect_layout(root))
+    col._cg = CgroupIdResolver(root)
+    col._attach_t = 0.0
+    calls = [0]
+
+    def counted(self, *a):
+        calls[0] += 1
+        return _update(self, *a)
+
+    monkeypatch.setattr(RatioWindow, "update", counted)
+    store = Store(3600)
+    rng = random.Random(7)
+    windows: dict = {}
+    active: dict = {}
+    gone_totals: dict[str, Counts] = {}  # what a removed container's keys had (its final counts)
+    computed = []
+    next_n = 7
+    for run in range(60):
+        t[0] += 2.0
+        # some containers run (a few with AVX-512), most stay as they were; now and then one goes, one comes
+        for n in live_n:
+            k = CounterKey(os.stat(root / rel(n)).st_ino)
+            if rng.random() < 0.3:
+                c = src.counts.get(k, Counts())
+                sw = rng.randint(1, 50)
+                avx = rng.randint(0, sw) if n % 3 == 0 else 0
+                src.counts[k] = Counts(c.avx512_switches + avx, c.switches + sw, 10**9 * run if avx else 0)
+        if run % 15 == 14:
+            n = live_n.pop(0)
+            gone_totals[f"{n:064x}"] = src.counts.get(CounterKey(os.stat(root / rel(n)).st_ino), Counts())
+            shutil.rmtree(root / rel(n))
+            make_v2(root, rel(next_n), Values())
+            live_n.append(next_n)
+            next_n += 1
+        src.cpus = [CpuTotals(c.avx512_switches + run, c.switches + 2 * run, 0) for c in src.cpus]
+        calls[0] = 0
+        row = col.collect_row(t[0])
+        store.append_columns("avx512", t[0], row, 2.0)
+        computed.append(calls[0] - 2)  # (the two CPUs' windows are updated every run)
+        cids = [f"{n:064x}" for n in live_n]
+        totals = {f"{n:064x}": src.counts.get(CounterKey(os.stat(root / rel(n)).st_ino), Counts()) for n in live_n}
+        want = reference(windows, active, totals, cids, t[0], cfg)
+        got = {}
+        for (metric, lab), v in zip(row.keys, row.values.tolist(), strict=True):
+            if "container_id" in lab:
+                got.setdefault(lab["container_id"], {})[metric] = v
+        assert sorted(got) == sorted(cids)
+        for cid in cids:
+            g = got[cid]
+            assert (g[M.CONTAINER_AVX512_SWITCHES.name], g[M.CONTAINER_CONTEXT_SWITCHES.name],
+                    g[M.CONTAINER_AVX512_RATIO.name], g[M.CONTAINER_AVX512_ACTIVE.name]) == want[cid], (run, cid)
+            last = totals[cid].last_avx512_ns
+            assert np.isnan(g[M.CONTAINER_AVX512_LAST_USE.name]) == (last == 0)
+        cpu_ratio = [v for (m, _), v in zip(row.keys, row.values.tolist(), strict=True) if m == M.CPU_AVX512_RATIO.name]
+        assert len(cpu_ratio) == 2
+    # The point: idle containers are not computed again (about 30% run each cycle, six containers).
+    assert sum(computed[5:]) < 0.75 * 6 * len(computed[5:])
+
+
+def test_removed_container_drops_its_state(tmp_path):
+    root = tmp_path / "cg"
+    for n in (1, 2):
+        make_v2(root, rel(n), Values())
+    t = [10.0]
+    col = Avx512Collector(Avx512CollectorConfig(), Paths(cgroup=root), Topology(), clock=lambda: t[0])
+    col.source = FakeSource()
+    col.attribution = choose_attribution("cgroup_id", detect_layout(root))
+    col._cg = CgroupIdResolver(root)
+    col.collect_row(t[0])
+    assert set(col._quiet) == {f"{1:064x}", f"{2:064x}"}
+    shutil.rmtree(root / rel(2))
+    t[0] += 2
+    row = col.collect_row(t[0])
+    assert set(col._quiet) == set(col._windows) == {f"{1:064x}"}
+    assert {lab.get("container_id") for _, lab in row.keys} == {f"{1:064x}", None}
