@@ -648,3 +648,55 @@ def test_estimates_never_go_back_across_a_close_and_reopen(emulator, node):
             assert v >= last.get(labels, 0.0), (t, labels)
             last[labels] = v
         emu.advance(1.0)
+
+
+def test_probe_looks_at_resctrl_only_when_collect_does_and_a_new_group_is_not_read_back(emulator, node, monkeypatch):
+    """The agent probes before every run: within STATIC_REFRESH_SECONDS of a look whose reads all went through,
+    the probe answers from it (no listing of info/, no read of mon_features); after a failed read, or
+def test_probe_looks_at_resctrl_only_when_collect_does_and_a_new_group_is_not_read_back(
+        emulator, node, monkeypatch):
+    before the container's threads are written to it."""
+    emu = emulator(domains=(0, 1))
+    cid, (tid,) = node.add(n_threads=1)
+    emu.set_task(tid, mbm_total={0: 1e8, 1: 5e7}, occupancy={0: 1 << 20})
+    now = [0.0]
+    col = RdtCollector(emu.mountpoint, node.root, RdtCollectorConfig(),
+                       CgroupCollector(node.root, CgroupCollectorConfig(idle_refresh_seconds=0)), clock=lambda: now[0])
+    _OPEN.append(col)
+    mount = str(emu.mountpoint)
+    looked = [0]
+    task_reads: list[str] = []
+    real_scandir, real_open = os.scandir, os.open
+
+    def scandir(p="."):
+        looked[0] += str(p).startswith(mount)
+        return real_scandir(p)
+
+    def open_(p, flags, *a, **kw):
+        if str(p).startswith(mount) and str(p).endswith("/tasks") and not flags & (os.O_WRONLY | os.O_RDWR):
+            task_reads.append(str(p))
+        return real_open(p, flags, *a, **kw)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    monkeypatch.setattr(os, "open", open_)
+    per_run = []
+    for t in range(4):
+        now[0] = float(t)
+        looked[0] = 0
+        assert col.probe().ok
+        col.collect(float(t))
+        per_run.append(looked[0])
+        emu.advance(1.0)
+    assert per_run[0] > 0 and per_run[1:] == [0, 0, 0]
+    group_tasks = str(emu.mountpoint / "mon_groups" / (GROUP_PREFIX + cid) / "tasks")
+    assert group_tasks not in task_reads  # made in run 0: empty, not read back
+    assert emu.owner(tid).name == GROUP_PREFIX + cid  # ... and the thread was written to it
+    os.rmdir(emu.mountpoint / "mon_groups" / (GROUP_PREFIX + cid))  # someone else's: the next read fails
+    now[0] = 4.0
+    col.collect(4.0)
+    looked[0] = 0
+    assert col.probe().ok and looked[0] > 0  # the failed read makes the probe look
+    col.collect(5.0)
+    now[0] = 5.0 + STATIC_REFRESH_SECONDS
+    looked[0] = 0
+    assert col.probe().ok and looked[0] > 0  # looked again after STATIC_REFRESH_SECONDS

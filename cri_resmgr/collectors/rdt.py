@@ -455,6 +455,11 @@ class RdtCollector(Collector):
         return info
 
     def probe(self) -> Probe:
+        static = self._static
+        if static is not None and not self._recheck and self.clock() - self._static_at < STATIC_REFRESH_SECONDS:
+            # Looked at within STATIC_REFRESH_SECONDS and every read since went through: resctrl is as it was
+            # (a failed read sets _recheck, and the next probe looks again).
+            return Probe(True, self.summary(static[0]))
         try:
             info = self._availability()
         except CollectorUnavailable as e:
@@ -515,7 +520,7 @@ class RdtCollector(Collector):
         try:
             os.mkdir(path)
         except FileExistsError:
-            pass
+            return MonGroup(ident, path)
         except OSError as e:
             issue = self._issue(ident, "mkdir", path, e)
             if e.errno in (errno.ENOSPC, errno.EBUSY):
@@ -530,7 +535,9 @@ class RdtCollector(Collector):
             else:
                 self.unmonitored[ident.container_id] = (ident, f"mkdir failed: {issue.error}; {issue.last_cmd_status}")
             return None
-        return MonGroup(ident, path)
+        # A group just made holds no task (resctrl.rst: "tasks" of a new group is empty): nothing to read back
+        # before the first sync writes the container's threads.
+        return MonGroup(ident, path, verified_at=self.clock())
 
     def _rmdir(self, g: MonGroup) -> None:
         g.files.close()
