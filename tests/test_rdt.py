@@ -653,9 +653,8 @@ def test_estimates_never_go_back_across_a_close_and_reopen(emulator, node):
 def test_probe_looks_at_resctrl_only_when_collect_does_and_a_new_group_is_not_read_back(emulator, node, monkeypatch):
     """The agent probes before every run: within STATIC_REFRESH_SECONDS of a look whose reads all went through,
     the probe answers from it (no listing of info/, no read of mon_features); after a failed read, or
-def test_probe_looks_at_resctrl_only_when_collect_does_and_a_new_group_is_not_read_back(
-        emulator, node, monkeypatch):
-    before the container's threads are written to it."""
+    STATIC_REFRESH_SECONDS later, it looks again. A MON group this run made holds no task: its ``tasks`` is not
+    read back before the container's threads are written to it."""
     emu = emulator(domains=(0, 1))
     cid, (tid,) = node.add(n_threads=1)
     emu.set_task(tid, mbm_total={0: 1e8, 1: 5e7}, occupancy={0: 1 << 20})
