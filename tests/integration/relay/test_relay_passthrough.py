@@ -15,6 +15,7 @@ import subprocess
 import threading
 import time
 from concurrent import futures
+from pathlib import Path
 
 import grpc
 import httpx
@@ -242,7 +243,7 @@ def _thread_nices(pid: int) -> dict[int, int]:
     out = {}
     for tid in os.listdir(f"/proc/{pid}/task"):
         try:
-            stat = open(f"/proc/{pid}/task/{tid}/stat").read()
+            stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
         except FileNotFoundError:
             continue
         out[int(tid)] = int(stat.rsplit(")", 1)[1].split()[16])
