@@ -19,12 +19,16 @@ client). Then, with a few pods running so that ListContainers has something to s
 Needs root, containerd, runc and busybox-static (``make test`` installs them).
 
     .venv/bin/python bench/relay_bench.py [--calls 2000] [--lifecycles 30] [--phases 1,2,3,4]
-        [--cache-containers 500] [--creates 30] [--settle-ms 150] [--relay-src DIR] [--no-naive]
+        [--cache-containers 500] [--creates 30] [--settle-ms 150] [--relay-src DIR] [--no-naive] [--sched-trace]
 
 ``--relay-src DIR`` (repeatable) adds, in phases 1 and 2, a relay run from another source tree (e.g.
 ``git archive 635e824 | tar -x -C /tmp/relay-old``) as target "alt1" ("alt2", ...), in front of the same
 containerd and interleaved with the others in the same rounds, so that versions of the relay are compared on
 the same machine at the same moment. In every round the targets take turns at going first.
+
+``--sched-trace`` runs phase 2's Version calls under ``perf sched record`` (bench/sched_trace.py) and shows, for
+the calls slower than direct's p99, how long the relay, the runtime and the client were runnable but waiting for
+a CPU inside them, and which processes held those CPUs meanwhile.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ import _util  # noqa: F401  (puts the repo on sys.path)
 import grpc
 from cri_api.v1 import api_pb2 as pb
 from cri_api.v1 import api_pb2_grpc as pbg
+from sched_trace import SchedTrace
 
 from tests.integration.containerd import Containerd, missing_prerequisites
 from tests.integration.cri import CriClient, Kubelet, PodSpec, container_config, guaranteed
@@ -86,7 +91,10 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
-def interleaved(stubs: dict[str, object], call, n: int) -> dict[str, list[float]]:
+def interleaved(stubs: dict[str, object], call, n: int,
+                marks: list[tuple[str, float, float]] | None = None) -> dict[str, list[float]]:
+    """``n`` rounds of ``call`` on every target in rotating order: latencies per target (and, when ``marks`` is
+    given, every call's (target, start, end) appended to it)."""
     lat: dict[str, list[float]] = {k: [] for k in stubs}
     for _ in range(20):
         for s in stubs.values():
@@ -97,7 +105,10 @@ def interleaved(stubs: dict[str, object], call, n: int) -> dict[str, list[float]
         for k, s in order[r:] + order[:r]:  # each target first, second, ... in turn
             t0 = time.perf_counter()
             call(s)
-            lat[k].append(time.perf_counter() - t0)
+            t1 = time.perf_counter()
+            lat[k].append(t1 - t0)
+            if marks is not None:
+                marks.append((k, t0, t1))
     return lat
 
 
@@ -122,10 +133,26 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def unary_rounds(stubs, n: int) -> None:
+def unary_rounds(stubs, n: int, trace: tuple[Path, dict[str, int], dict[str, int]] | None = None) -> None:
+    """Version and ListContainers on every target. With ``trace`` (a directory, the pids of the groups whose
+    waits count, and of other processes to name), the Version calls run under ``perf sched record`` and the slow
+    ones' run-queue waits are shown."""
     version = pb.VersionRequest()
     lst = pb.ListContainersRequest()
-    report(f"Version x{n}", interleaved(stubs, lambda s: s.Version(version, timeout=10), n))
+    if trace is None:
+        report(f"Version x{n}", interleaved(stubs, lambda s: s.Version(version, timeout=10), n))
+    else:
+        marks: list[tuple[str, float, float]] = []
+        with SchedTrace(trace[0]) as tr:
+            lat = interleaved(stubs, lambda s: s.Version(version, timeout=10), n, marks)
+        report(f"Version x{n} (under perf sched record)", lat)
+        slow = pct(lat["direct"], 0.99)
+        print(f"    calls slower than direct's p99 ({1e3 * slow:.3f} ms): time runnable but waiting for a CPU, "
+              "inside them, per group; and what held the CPUs they waited on")
+        for target, (count, waited, ran) in tr.attribute(marks, trace[1], slow, trace[2]).items():
+            print(f"      {target:7s} {count:4d} calls: waited " + ", ".join(
+                f"{g} {1e3 * v / count:.2f}" for g, v in waited.most_common()) + " ms a call; CPUs held by "
+                + ", ".join(f"{g} {1e3 * v / count:.2f}" for g, v in ran.most_common(4)) + " ms a call")
     report(f"ListContainers x{n}", interleaved(stubs, lambda s: s.ListContainers(lst, timeout=10), n))
 
 
@@ -240,6 +267,9 @@ def main() -> int:
     ap.add_argument("--relay-src", type=Path, action="append", default=[],
                     help="phases 1-2: also a relay run from this source tree (targets alt1, alt2, ...), interleaved")
     ap.add_argument("--no-naive", action="store_true", help="phases 1-2: leave out the naive grpcio relay")
+    ap.add_argument("--sched-trace", action="store_true",
+                    help="phase 2: record the scheduler's events (perf sched) during the Version calls and show, for "
+                         "the calls slower than direct's p99, who waited for a CPU and who held it")
     args = ap.parse_args()
     phases = {int(x) for x in args.phases.split(",") if x}
     reason = missing_prerequisites()
@@ -293,7 +323,16 @@ def main() -> int:
             procs.append(scraper)
             load = {"agent": agent.proc.pid, "scraper": scraper.pid, "relay": relay.proc.pid}
             before, t0 = {k: cpu_seconds(p) for k, p in load.items()}, time.perf_counter()
-            unary_rounds(stubs, args.calls)
+            trace = None
+            if args.sched_trace:
+                why = SchedTrace.missing()
+                if why:
+                    print(f"  --sched-trace: {why}")
+                else:
+                    trace = (base, {"relay": relay.proc.pid, "runtime": cd.proc.pid, "client": os.getpid(),
+                                    **{f"alt{i}": a.proc.pid for i, a in enumerate(alts, 1)}},
+                             {"agent": agent.proc.pid, "scraper": scraper.pid})
+            unary_rounds(stubs, args.calls, trace)
             wall = time.perf_counter() - t0
             print("  CPU used during phase 2, share of one CPU: " + ", ".join(
                 f"{k} {100 * (cpu_seconds(p) - before[k]) / wall:.0f}%" for k, p in load.items()))
