@@ -392,3 +392,36 @@ def test_calibration_pool_cli_prints_the_pooled_report_and_rejects_a_bad_file(tm
     bad.write_text("{not json")
     out = subprocess.run([*cmd, str(paths[0]), str(bad)], capture_output=True, text=True, timeout=60, check=False)
     assert out.returncode == 2 and "--calibration-pool" in out.stderr
+
+
+def test_pair_fit_takes_the_capacity_from_the_full_hog_phase_and_checks_only_the_throttled_one():
+    rounds = [_round(15, 16, 30, 14.6, 15.5, 7, 14.9), _round(16, 17, 32, 15.4, 16.4, 7.5, 15.8),
+              _round(14, 15, 28, 13.7, 14.6, 6.5, 13.9)]
+    c = summarise((0, 1), [0, 1], 64, rounds, 0.2, weight=4.0, min_clean=3)
+    pf = c.pair_fit
+    assert predict(15 * GB, 16 * GB, pf.fitted_capacity_bytes_per_second) == pytest.approx(c.full.measured_slowdown)
+    assert pf.throttled_predicted_slowdown == pytest.approx(
+        predict(15 * GB, 7 * GB, pf.fitted_capacity_bytes_per_second))
+    assert pf.throttled_error == pytest.approx(pf.throttled_predicted_slowdown - c.throttled.measured_slowdown)
+    assert pf.throttled_within_tolerance == (abs(pf.throttled_error) <= 0.25 * c.throttled.measured_slowdown)
+    # The throttled beside phase enters neither fit: another one, same capacity and prediction.
+    other = summarise((0, 1), [0, 1], 64, [_round(*r, pt=9) for r in ((15, 16, 30, 14.6, 15.5, 7),
+                                                                     (16, 17, 32, 15.4, 16.4, 7.5),
+                                                                     (14, 15, 28, 13.7, 14.6, 6.5))],
+                      0.2, weight=4.0, min_clean=3)
+    assert other.pair_fit.fitted_capacity_bytes_per_second == pf.fitted_capacity_bytes_per_second
+    assert other.pair_fit.throttled_predicted_slowdown == pf.throttled_predicted_slowdown
+    assert other.throttled.measured_slowdown != c.throttled.measured_slowdown
+    # A probe that lost nothing beside the full hog fits no capacity and predicts nothing.
+    none = summarise((0, 1), [0, 1], 64, [_round(15, 16, 30, 15, 16, 7, 15)] * 3, 0.2, weight=4.0, min_clean=3)
+    assert none.pair_fit.fitted_capacity_bytes_per_second is None
+    assert none.pair_fit.throttled_predicted_slowdown == 0.0
+
+
+def test_the_peak_loss_is_paired_within_each_round_not_a_ratio_of_medians():
+    # Every round lost 2 % of its own alone total; the medians of the levels (16, 16 and 29.4) would say 8 %.
+    rounds = [_round(15, 16, 29.4, 14.7, 15.7, h0=14), _round(15, 14, 29.4, 14.7, 13.7, h0=16),
+              _round(15, 16, 31.36, 14.7, 15.7, h0=16)]
+    c = summarise((0, 1), [0, 1], 64, rounds, 0.2, weight=4.0, min_clean=3)
+    assert c.peak_lost_share == pytest.approx(0.02)
+    assert c.fitted_capacity_bytes_per_second == pytest.approx(fit_capacity([16 * GB, 16 * GB], 0.98 * 32 * GB))

@@ -25,8 +25,10 @@ first and last), so that drifts of the machine fall on all of them alike:
 shape from a published loaded-latency run and one parameter per domain: the capacity ``C``. It is
 *fitted* to phases 2, 4 and 5 only: the capacity at which the curve makes the peak phase's streams —
 each drawing alone what it was measured to draw alone (``B_0`` and ``B_h``; with more than two cores the
-further hogs count as ``B_h``) — deliver ``P`` together (:func:`fit_capacity`; a closed-loop stream's rate is its
-demand over the latency factor, :func:`together`). The fitted ``C`` then *predicts* the probe's
+further hogs count as ``B_h``) — lose together what they lost (the median over the rounds of each round's
+``1 − P / (B_0 + B_h + …)``, paired within the round like the slowdowns; :func:`fit_capacity`; a
+closed-loop stream's rate is its demand over the latency factor, :func:`together`). The fitted ``C``
+then *predicts* the probe's
 slowdown beside the hog (phase 6, offered load ``(B_p + B_h) / C``) and beside the throttled hog (phase
 7, ``(B_p + B_t) / C``)::
 
@@ -328,6 +330,20 @@ class Validation:
 
 
 @dataclass(frozen=True)
+class PairFit:
+    """The other split of the same rounds: the capacity fitted to the probe's measured slowdown beside the full
+    hog (phase 6) instead of the peak, checked at the throttled point (phase 7) only. Reported beside the
+    verdict, which stays on the peak fit: this split was added after the peak fit's results were seen."""
+
+    fitted_capacity_bytes_per_second: float | None
+    throttled_predicted_slowdown: float
+    throttled_error: float
+    throttled_relative_error: float | None
+    throttled_within_tolerance: bool
+    throttled_predicted_inside_measured_interval: bool
+
+
+@dataclass(frozen=True)
 class Calibration:
     cpus: tuple[int, int]  # probe, hog
     peak_cpus: list[int]
@@ -343,7 +359,7 @@ class Calibration:
     hog_alone_bytes_per_second: float | None
     first_hog_alone_bytes_per_second: float | None  # the peak phase's hog on the probe's CPU, alone
     peak_bytes_per_second: float | None  # the peak phase's total: what its streams delivered together
-    peak_lost_share: float | None  # 1 − peak / Σ what its streams draw alone
+    peak_lost_share: float | None  # median over the rounds of 1 − peak / Σ what its streams drew alone
     # The fit: the capacity at which the curve makes the peak phase's streams deliver what they delivered.
     fitted_capacity_bytes_per_second: float | None
     fitted_capacity_interval: tuple[float, float] | None  # 95 % interval of the rounds' own fits (inf: no loss)
@@ -352,6 +368,7 @@ class Calibration:
     full: Validation | None  # probe beside the hog streaming all the time
     throttled: Validation | None  # probe beside the hog at throttle_duty: another offered load
     within_tolerance: bool | None  # both within ±25 %
+    pair_fit: PairFit | None  # the capacity fitted to phase 6 instead, checked at phase 7 (not the verdict)
     memory_bandwidth_cost_per_second: float | None  # the term's cost of probe + hog at the fitted capacity
 
     @property
@@ -396,6 +413,31 @@ def fit_capacity(alone: Sequence[float], delivered: float) -> float | None:
         if hi / lo < 1 + 1e-12:
             break
     return math.sqrt(lo * hi)
+
+
+def fit_capacity_to_slowdown(probe: float, hog: float, slowdown: float) -> float | None:
+    """The capacity at which the curve predicts ``slowdown`` for the probe beside the hog (:func:`predict`
+    falls as the capacity grows, so bisection); None when the slowdown is too small for any capacity below
+    ``FIT_MAX_RATIO`` × their total."""
+    lo, hi = max(probe, hog) * (1 + 1e-9), (probe + hog) * FIT_MAX_RATIO
+    if slowdown <= predict(probe, hog, hi):
+        return None
+    for _ in range(200):
+        mid = math.sqrt(lo * hi)
+        lo, hi = (mid, hi) if predict(probe, hog, mid) > slowdown else (lo, mid)
+        if hi / lo < 1 + 1e-12:
+            break
+    return math.sqrt(lo * hi)
+
+
+def _pair_fit(bp: float, full: Validation, throttled: Validation) -> PairFit:
+    cap = fit_capacity_to_slowdown(bp, full.hog_alone_bytes_per_second, full.measured_slowdown)
+    predicted = predict(bp, throttled.hog_alone_bytes_per_second, cap)
+    measured = throttled.measured_slowdown
+    lo, hi = throttled.measured_slowdown_interval
+    err = predicted - measured
+    return PairFit(cap, predicted, err, abs(err) / abs(measured) if measured else None,
+                   abs(err) <= TOLERANCE * abs(measured), lo <= predicted <= hi)
 
 
 def median_interval(values: Sequence[float], confidence: float = CONFIDENCE) -> tuple[float, float]:
@@ -473,7 +515,7 @@ def summarise(cpus: tuple[int, int], peak_cpus: list[int], mib: int, rounds: lis
             probe_alone_bytes_per_second=None, hog_alone_bytes_per_second=None,
             first_hog_alone_bytes_per_second=None, peak_bytes_per_second=None,
             peak_lost_share=None, fitted_capacity_bytes_per_second=None, fitted_capacity_interval=None,
-            peak_utilisation=None, full=None, throttled=None, within_tolerance=None,
+            peak_utilisation=None, full=None, throttled=None, within_tolerance=None, pair_fit=None,
             memory_bandwidth_cost_per_second=None)
 
     def med(attr: str) -> float:
@@ -485,23 +527,26 @@ def summarise(cpus: tuple[int, int], peak_cpus: list[int], mib: int, rounds: lis
     if min(bp, bh, peak, first) <= 0:
         raise CalibrationError("a phase moved no bytes")
     alone = [first] + [bh] * (n - 1)
-    capacity = fit_capacity(alone, peak)
+    # The loss is taken within each round (its peak against its own alone phases), like the slowdowns: the
+    # median of paired ratios, not a ratio of medians, which drifts of the machine between rounds would bias.
+    lost = float(np.median([1.0 - r.peak_bytes_per_second / sum(r.peak_alone(n)) for r in used]))
+    capacity = fit_capacity(alone, (1.0 - lost) * sum(alone))
     round_caps = [fit_capacity(r.peak_alone(n), r.peak_bytes_per_second) for r in used]
     full = _validation(used, capacity, round_caps, bp, peak, "")
     throttled = _validation(used, capacity, round_caps, bp, peak, "throttled_")
     within = full.within_tolerance and throttled.within_tolerance
     verdict = f"{'within' if within else 'outside'} ±{TOLERANCE:.0%}"
     if capacity is None:
-        verdict += f" (no loss to fit: the peak phase delivered {peak / sum(alone):.3f} of what its streams draw alone)"
+        verdict += f" (no loss to fit: the peak phase delivered {1 - lost:.3f} of what its streams draw alone)"
     return Calibration(
         **base, verdict=verdict,
         probe_alone_bytes_per_second=bp, hog_alone_bytes_per_second=bh, first_hog_alone_bytes_per_second=first,
         peak_bytes_per_second=peak,
-        peak_lost_share=1.0 - peak / sum(alone),
+        peak_lost_share=lost,
         fitted_capacity_bytes_per_second=capacity,
         fitted_capacity_interval=median_interval([math.inf if c is None else c for c in round_caps]),
         peak_utilisation=peak / capacity if capacity else None,
-        full=full, throttled=throttled, within_tolerance=within,
+        full=full, throttled=throttled, within_tolerance=within, pair_fit=_pair_fit(bp, full, throttled),
         memory_bandwidth_cost_per_second=weight * float(QUEUEING((bp + bh) / capacity)) if capacity else 0.0,
     )
 
