@@ -72,6 +72,20 @@ def _thread_cpu() -> dict[str, float]:
     return out
 
 
+def _smaps_top(n: int = 8) -> str:
+    """Where this process's RSS is, by mapping (anonymous, heap, stacks, each library file), biggest first."""
+    by: dict[str, int] = {}
+    name = "?"
+    for ln in Path("/proc/self/smaps").read_text().splitlines():
+        head = ln.split(None, 5)
+        if len(head) >= 5 and "-" in head[0] and not head[0].endswith(":"):
+            name = os.path.basename(head[5]) if len(head) > 5 else "[anon]"
+        elif ln.startswith("Rss:"):
+            by[name] = by.get(name, 0) + int(ln.split()[1])
+    top = sorted(by.items(), key=lambda kv: -kv[1])[:n]
+    return ", ".join(f"{k} {v / 1024:.1f} MB" for k, v in top)
+
+
 def _timed_render(expo) -> float:
     t = time.perf_counter()
     expo.render()
@@ -164,6 +178,10 @@ def fill_to_retention(store) -> dict[str, str]:
             vals[np.isnan(real[i + 1])] = np.nan
             t += interval
             store.append_columns(name, t, Columns(keys, vals), interval)
+        # The store's column plan holds the last keys list written (append_columns): here the fill's, label dicts
+        # made for the fill, which the agent does not have (its plan holds the collector's own list). Let go of it,
+        # or the RSS after the fill counts them (7 MB at 1,000 containers).
+        getattr(store, "_plans", {}).pop(name, None)
         held = tab.seq - (tab.blocks[0].seq0 if tab.blocks else tab.seq - tab.hot_n)
         out[name] = (f"{len(cols)} series, {target} rows written at {interval:g} s, {held} held for a capacity of "
                      f"{tab.capacity}, {tab.nbytes() / 2**20:.1f} MiB")
@@ -248,6 +266,10 @@ def child_agent(spec: dict) -> dict:
     p.write_text(yaml.safe_dump(cfgd))
     if spec.get("switch_interval"):  # what `cri-resmgr run` sets process-wide (serve.py): measure its cost
         sys.setswitchinterval(spec["switch_interval"])
+    if spec.get("tracemalloc"):  # where the Python heap is, by line (slows the agent: memory figures only)
+        import tracemalloc
+
+        tracemalloc.start(1)
     agent = Agent(load_config(p), p)
     agent.start()
     time.sleep(spec["warmup"])
@@ -285,7 +307,8 @@ def child_agent(spec: dict) -> dict:
         from cri_resmgr.heap import release_free_heap
 
         release_free_heap()
-        notes_mem = [f"RSS {rss / 1024:.1f} MB, after malloc_trim {_rss_kib() / 1024:.1f} MB"]
+        notes_mem = [f"RSS {rss / 1024:.1f} MB, after malloc_trim {_rss_kib() / 1024:.1f} MB",
+                     "by mapping: " + _smaps_top()]
         sizes: dict[str, list[int]] = {}
         for o in gc.get_objects():
             e = sizes.setdefault(type(o).__name__, [0, 0])
@@ -374,8 +397,20 @@ def child_agent(spec: dict) -> dict:
         with agent.store.lock:
             store_mb = sum(t.nbytes() for t in agent.store.tables.values()) / 2**20
         out["full_retention"] = {"rss_before_mb": rss_before / 1024, "rss_mb": rss_full / 1024,
-                                 "rss_trimmed_mb": _rss_kib() / 1024,
+                                 "rss_trimmed_mb": _rss_kib() / 1024, "by_mapping": _smaps_top(),
                                  "store_rows_mb": store_mb, "fill_cpu_s": fill_cpu, "tables": tables}
+    if spec.get("tracemalloc"):
+        import tracemalloc
+
+        snap = tracemalloc.take_snapshot()
+        by_file = snap.statistics("filename")[:8]
+        by_line = snap.statistics("lineno")[:15]
+        out["notes"]["tracemalloc"] = (
+            f"traced {sum(st.size for st in snap.statistics('filename')) / 2**20:.1f} MB; by file: "
+            + ", ".join(f"{st.traceback[0].filename.split('/site-packages/')[-1].split('/cri_resmgr/')[-1]} "
+                        f"{st.size / 2**20:.1f}" for st in by_file)
+            + "; by line: " + ", ".join(f"{st.traceback[0].filename.split('/')[-1]}:{st.traceback[0].lineno} "
+                                        f"{st.size / 2**20:.1f} ({st.count})" for st in by_line))
     agent.stop()
     return out
 
@@ -415,6 +450,8 @@ def main() -> None:
                     help="whole agent: after the window, stop the collectors, write rows through the store's write "
                          "path on a clock running ahead until every table holds its full retention (values continuing "
                          "the collected series at their measured pace), then measure the RSS (fill_to_retention)")
+    ap.add_argument("--tracemalloc", action="store_true", help="whole agent: trace Python allocations from the "
+                    "start and print the largest by file and line at the end (slows the agent: not for CPU figures)")
     ap.add_argument("--collectors-only", action="store_true", help="skip the whole-agent runs")
     ap.add_argument("--switch-interval", type=float, action="append", default=None,
                     help="whole agent: sys.setswitchinterval in the agent (as serve.py sets 0.001); repeat to run "
@@ -490,7 +527,7 @@ def main() -> None:
                     agents[(interval, who, k, sw)] = run_child(
                         "agent", {**base, "tmp": str(d), "interval": interval, "seconds": args.seconds,
                                   "warmup": args.warmup, "perf_sw_events": args.perf_sw_events, "switch_interval": sw,
-                                  "memory": args.memory, "fill": args.fill,
+                                  "memory": args.memory, "fill": args.fill, "tracemalloc": args.tracemalloc,
                                   "profile": str(args.profile / f"agent-{n}-{interval}-{k}.txt") if args.profile
                                   else None}, script)
             results.append((n, per, agents))
@@ -541,12 +578,14 @@ def main() -> None:
                       f"(after malloc_trim), {f['rss_mb']:.1f} MB after, after malloc_trim "
                       f"{f['rss_trimmed_mb']:.1f} MB; store rows {f['store_rows_mb']:.1f} MiB (fill took "
                       f"{f['fill_cpu_s']:.1f} s CPU)")
+                if f.get("by_mapping"):
+                    print(f"        RSS by mapping after the fill: {f['by_mapping']}")
                 for t, note in f["tables"].items():
                     print(f"        {t}: {note}")
             if a.get("once"):
                 print("    after the window, once: " + ", ".join(f"{k} {v:.1f}" for k, v in a["once"].items()))
             for k, v in a.get("notes", {}).items():
-                print(f"    {k}: {v[:300]}")
+                print(f"    {k}: {v[:1500]}")
             for name, (up, reason, dur) in a["health"].items():
                 print(f"    {name:<8} {'up' if up else 'down':<5} last cycle {dur * 1e3:7.1f} ms wall  {reason[:100]}")
 
