@@ -699,3 +699,31 @@ def test_probe_looks_at_resctrl_only_when_collect_does_and_a_new_group_is_not_re
     now[0] = 5.0 + STATIC_REFRESH_SECONDS
     looked[0] = 0
     assert col.probe().ok and looked[0] > 0  # looked again after STATIC_REFRESH_SECONDS
+
+
+def test_monitored_seconds_are_exported_in_whole_milliseconds_and_the_store_codes_them_as_steps(emulator, node):
+    """Run times are arbitrary floats; the monitored-seconds counter goes out as exact k / 1000 values (still
+    monotonic), which the store keeps as narrow steps instead of ~5 XOR bytes a row."""
+    import numpy as np
+
+    from cri_resmgr.store import Store
+    from cri_resmgr.store.tsdb import Block
+
+    emu = emulator(domains=(0, 1))
+    cid, (tid,) = node.add(n_threads=1)
+    emu.set_task(tid, mbm_total={0: 1e8, 1: 5e7}, occupancy={0: 1 << 20})
+    col = _collector(emu, node)
+    store = Store(3600)
+    seen = []
+    for k in range(40):
+        t = 1000.0 + k * 2.000123456 + (k % 3) * 0.000377
+        row = col.collect_row(t)
+        store.append_columns("rdt", t, row, 2.0)
+        emu.advance(1.0)
+        seen.append(_one(row.samples(), M.CONTAINER_RDT_MONITORED_SECONDS.name, container_id=cid))
+    assert all(v is not None and round(v * 1000) / 1000 == v for v in seen)  # (the store's test of k / 10**d)
+    assert all(b >= a for a, b in zip(seen, seen[1:], strict=False)) and seen[-1] == pytest.approx(78.0, abs=0.01)
+    # The store's block codec on this series: a byte or two a row (the float sums took 4 or more).
+    ts = 1000.0 + np.arange(len(seen)) * 2.0
+    assert Block(0, ts, np.array(seen)[:, None]).width_of(0) <= 2
+    assert Block(0, ts, np.array([x + 1e-9 * k for k, x in enumerate(seen)])[:, None]).width_of(0) >= 4

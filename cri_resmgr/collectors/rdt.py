@@ -302,7 +302,10 @@ class _Row:
             self.exp = np.maximum(self.obs * scale[self.est_w], self.exp)
             values[self.est_slot] = self.exp
         if len(self.ms_slot):
-            values[self.ms_slot] = self.seconds[self.ms_w]
+            # Exported in whole milliseconds: the store codes a series of exact k / 1000 values as its steps (about
+            # a byte a row for a watched container) where the float sums of run intervals take ~5 bytes a row (at
+            # 1,000 containers, ~4 MiB of the store at full retention). The estimates above use the exact sums.
+            values[self.ms_slot] = np.round(self.seconds[self.ms_w], 3)
         values[self.tail_at:] = tail_values
         return Columns(self.keys, values.copy())
 
