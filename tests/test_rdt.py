@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import uuid
 from pathlib import Path
@@ -602,8 +603,9 @@ def test_resctrl_directories_are_listed_only_on_change_and_a_group_removed_behin
 
 def test_every_runs_estimates_follow_the_scaling_rule_for_watched_and_rotated_out_containers(emulator, node):
     """The estimates are computed for all containers at once: each run's value of every container is what was
-    seen times elapsed / watched time (for a container not watched all along, 1 otherwise), never below the
-    value before it, whether its group was read this run, is idle, or was rotated out."""
+    seen times elapsed / watched time (for a container not watched all along, 1 otherwise) in whole bytes
+    (rounded down), never below the value before it, whether its group was read this run, is idle, or was
+    rotated out."""
     emu = emulator(num_rmids=4, domains=(0, 1))  # three MON groups for six containers
     for i in range(6):
         _cid, (tid,) = node.add(n_threads=1)
@@ -620,7 +622,7 @@ def test_every_runs_estimates_follow_the_scaling_rule_for_watched_and_rotated_ou
                            cache_id=str(cache_id))
                 scale = max(1.0, (t - w.first_read) / w.watched_seconds) if w.gaps and w.watched_seconds > 0 \
                     else 1.0
-                want = max(seen * scale, before.get((cid, fname, cache_id), 0.0))
+                want = max(math.floor(seen * scale), before.get((cid, fname, cache_id), 0.0))
                 assert got == want, (t, cid, fname, cache_id)
                 before[(cid, fname, cache_id)] = got
                 checked += w.gaps
