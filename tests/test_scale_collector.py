@@ -348,3 +348,32 @@ def test_idle_containers_cost_a_probe_and_keep_every_series_monotonic_in_the_sto
         if ref.metric == M.CONTAINER_CPU_USAGE.name:
             assert (np.diff(vals) >= 0).all()
     col.close()
+
+
+def test_files_reading_the_same_are_not_parsed_again_and_a_change_is(tmp_path: Path, monkeypatch):
+    """A full read whose files all read as at the last one keeps the last stats without parsing (the collector
+    keeps a hash of the texts, not the texts); any file that changed is parsed."""
+    from cri_resmgr.collectors import cgroup as C
+
+    cid, rel = _rel()
+    make_v2(tmp_path, rel, Values(mem=100 * 2**20))
+    parsed = [0]
+    real = C._parse
+
+    def counting(*a, **kw):
+        parsed[0] += 1
+        return real(*a, **kw)
+
+    monkeypatch.setattr(C, "_parse", counting)
+    col = CgroupCollector(tmp_path, CgroupCollectorConfig(runtime_socket=None, idle_refresh_seconds=0),
+                          use_inotify=False)
+    mem = M.CONTAINER_MEMORY_USAGE.name
+    for k in range(4):
+        assert _by(col.collect(float(k)), mem) == {cid: 100 * 2**20}
+    assert parsed[0] == 1
+    make_v2(tmp_path, rel, Values(mem=100 * 2**20 + 4096))  # one file, a few bytes
+    assert _by(col.collect(4.0), mem) == {cid: 100 * 2**20 + 4096}
+    assert parsed[0] == 2
+    assert not any(isinstance(v, list) and v and isinstance(v[0], bytes)
+                   for t in col._order for v in vars(t).values())  # no texts kept
+    col.close()
