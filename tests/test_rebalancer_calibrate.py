@@ -425,3 +425,18 @@ def test_the_peak_loss_is_paired_within_each_round_not_a_ratio_of_medians():
     c = summarise((0, 1), [0, 1], 64, rounds, 0.2, weight=4.0, min_clean=3)
     assert c.peak_lost_share == pytest.approx(0.02)
     assert c.fitted_capacity_bytes_per_second == pytest.approx(fit_capacity([16 * GB, 16 * GB], 0.98 * 32 * GB))
+
+
+def test_with_the_probe_first_in_the_peak_the_fit_counts_it_at_the_probes_alone_rate():
+    rounds = [_round(15, 16, 30.4, 14.6, 15.5, h0=14)] * 3
+    c = summarise((0, 1), [0, 1], 64, rounds, 0.2, weight=4.0, min_clean=3, peak_first="probe")
+    assert c.peak_first == "probe" and c.peak_lost_share == pytest.approx(1 - 30.4 / 31)
+    assert c.fitted_capacity_bytes_per_second == pytest.approx(fit_capacity([15 * GB, 16 * GB], 30.4 * GB))
+    hog_first = summarise((0, 1), [0, 1], 64, rounds, 0.2, weight=4.0, min_clean=3)
+    assert hog_first.peak_first == "hog" and hog_first.peak_lost_share == pytest.approx(1 - 30.4 / 30)
+    # Reports of the two kinds are not pooled; a report from before the setting counts as "hog".
+    with pytest.raises(CalibrationError, match="peak_first"):
+        pool([_report(rounds), _report(rounds, peak_first="probe")], weight=4.0)
+    old = _report(rounds)
+    del old["peak_first"]
+    assert pool([old, _report(rounds)], weight=4.0).peak_first == "hog"

@@ -123,6 +123,9 @@ HOG_KINDS = ("read", "copy")
 # The second operating point: the hog streams this share of its time (a chunk, then as long again spinning on
 # the clock without touching memory), so it offers about half its load.
 THROTTLE_DUTY = 0.5
+# What streams on the probe's CPU in the peak phase: a hog process of its own (the design), or the probe's own
+# process ("probe": an experiment — on two cores it makes the peak phase the full-hog check's load and process).
+PEAK_FIRST = ("hog", "probe")
 FIT_MAX_RATIO = 1e4  # the fitted capacity is sought up to this many times the peak phase's total
 
 
@@ -298,10 +301,12 @@ class Round:
     def throttled_slowdown(self) -> float:
         return self.probe_alone_bytes_per_second / self.probe_beside_throttled_hog_bytes_per_second - 1.0
 
-    def peak_alone(self, workers: int) -> list[float]:
-        """What each of the peak phase's ``workers`` streams draws alone: the hog on the probe's CPU and the hog
-        on the hog's CPU as measured alone; any further one (more than two cores) as the hog alone."""
-        return [self.first_hog_alone_bytes_per_second] + [self.hog_alone_bytes_per_second] * (workers - 1)
+    def peak_alone(self, workers: int, peak_first: str = "hog") -> list[float]:
+        """What each of the peak phase's ``workers`` streams draws alone: the stream on the probe's CPU (the first
+        hog, or the probe with ``peak_first="probe"``) and the hog on the hog's CPU as measured alone; any further
+        one (more than two cores) as the hog alone."""
+        first = self.probe_alone_bytes_per_second if peak_first == "probe" else self.first_hog_alone_bytes_per_second
+        return [first] + [self.hog_alone_bytes_per_second] * (workers - 1)
 
     @property
     def clean(self) -> bool:
@@ -350,6 +355,7 @@ class Calibration:
     array_mib: int
     hog: str  # the hog's kernel: "read" (the probe's) or "copy"
     throttle_duty: float  # the throttled hog streams this share of its time
+    peak_first: str  # what streams on the probe's CPU in the peak phase: "hog" (its own process) or "probe"
     rounds: list[Round]
     clean_rounds: list[int]  # indexes of the rounds everything below is computed from
     slice_seconds: float
@@ -499,7 +505,7 @@ def _validation(used: list[Round], capacity: float | None, round_capacities: lis
 
 def summarise(cpus: tuple[int, int], peak_cpus: list[int], mib: int, rounds: list[Round], slice_seconds: float,
               weight: float, hog: str = "read", min_clean: int = MIN_CLEAN_ROUNDS,
-              duty: float = THROTTLE_DUTY) -> Calibration:
+              duty: float = THROTTLE_DUTY, peak_first: str = "hog") -> Calibration:
     """The report from measured rounds: pure arithmetic (tested without running anything). The capacity is
     fitted to the alone and peak phases only; each prediction uses that capacity and the alone phases, never
     the beside phase it is checked against."""
@@ -508,7 +514,7 @@ def summarise(cpus: tuple[int, int], peak_cpus: list[int], mib: int, rounds: lis
     clean = [i for i, r in enumerate(rounds) if r.clean]
     used = [rounds[i] for i in clean]
     base: dict[str, Any] = dict(cpus=cpus, peak_cpus=peak_cpus, array_mib=mib, hog=hog, throttle_duty=duty,
-                                rounds=rounds, clean_rounds=clean, slice_seconds=slice_seconds)
+                                peak_first=peak_first, rounds=rounds, clean_rounds=clean, slice_seconds=slice_seconds)
     if len(used) < min_clean:
         return Calibration(
             **base, verdict=f"not enough clean rounds: {len(used)} of {len(rounds)} (need {min_clean})",
@@ -523,15 +529,15 @@ def summarise(cpus: tuple[int, int], peak_cpus: list[int], mib: int, rounds: lis
 
     n = len(peak_cpus)
     bp, bh, peak = med("probe_alone_bytes_per_second"), med("hog_alone_bytes_per_second"), med("peak_bytes_per_second")
-    first = med("first_hog_alone_bytes_per_second")
+    first = bp if peak_first == "probe" else med("first_hog_alone_bytes_per_second")
     if min(bp, bh, peak, first) <= 0:
         raise CalibrationError("a phase moved no bytes")
     alone = [first] + [bh] * (n - 1)
     # The loss is taken within each round (its peak against its own alone phases), like the slowdowns: the
     # median of paired ratios, not a ratio of medians, which drifts of the machine between rounds would bias.
-    lost = float(np.median([1.0 - r.peak_bytes_per_second / sum(r.peak_alone(n)) for r in used]))
+    lost = float(np.median([1.0 - r.peak_bytes_per_second / sum(r.peak_alone(n, peak_first)) for r in used]))
     capacity = fit_capacity(alone, (1.0 - lost) * sum(alone))
-    round_caps = [fit_capacity(r.peak_alone(n), r.peak_bytes_per_second) for r in used]
+    round_caps = [fit_capacity(r.peak_alone(n, peak_first), r.peak_bytes_per_second) for r in used]
     full = _validation(used, capacity, round_caps, bp, peak, "")
     throttled = _validation(used, capacity, round_caps, bp, peak, "throttled_")
     within = full.within_tolerance and throttled.within_tolerance
@@ -560,7 +566,8 @@ def rounds_from_report(report: dict[str, Any]) -> list[Round]:
         raise CalibrationError(f"not a calibration report: {e}") from e
 
 
-POOLED_SETTINGS = ("cpus", "peak_cpus", "array_mib", "hog", "throttle_duty", "slice_seconds")
+POOLED_SETTINGS = ("cpus", "peak_cpus", "array_mib", "hog", "throttle_duty", "slice_seconds", "peak_first")
+SETTING_DEFAULTS = {"peak_first": "hog"}  # reports written before the setting existed
 
 
 def pool(reports: Sequence[dict[str, Any]], weight: float) -> Calibration:
@@ -572,13 +579,15 @@ def pool(reports: Sequence[dict[str, Any]], weight: float) -> Calibration:
     first = reports[0]
     for i, r in enumerate(reports[1:], 1):
         for k in POOLED_SETTINGS:
-            if r.get(k) != first.get(k):
-                raise CalibrationError(f"report {i} has {k} {r.get(k)!r}, report 0 {first.get(k)!r}")
+            mine, theirs = r.get(k, SETTING_DEFAULTS.get(k)), first.get(k, SETTING_DEFAULTS.get(k))
+            if mine != theirs:
+                raise CalibrationError(f"report {i} has {k} {mine!r}, report 0 {theirs!r}")
     rounds = [x for r in reports for x in rounds_from_report(r)]
     try:
         cpus = (int(first["cpus"][0]), int(first["cpus"][1]))
         return summarise(cpus, [int(c) for c in first["peak_cpus"]], int(first["array_mib"]), rounds,
-                         float(first["slice_seconds"]), weight, str(first["hog"]), duty=float(first["throttle_duty"]))
+                         float(first["slice_seconds"]), weight, str(first["hog"]), duty=float(first["throttle_duty"]),
+                         peak_first=str(first.get("peak_first", "hog")))
     except (KeyError, TypeError, ValueError, IndexError) as e:
         raise CalibrationError(f"not a calibration report: {e}") from e
 
@@ -674,13 +683,15 @@ class _Phase:
 def calibrate(topo: Topology, phase_seconds: float = 12.0, mib: int = 256, weight: float = 4.0,
               cpus: tuple[int, int] | None = None, hog: str = "read", proc: Path = Path("/proc"),
               slice_seconds: float = SLICE_SECONDS, max_rounds_factor: int = MAX_ROUNDS_FACTOR,
-              max_seconds: float = MAX_SECONDS, duty: float = THROTTLE_DUTY) -> Calibration:
+              max_seconds: float = MAX_SECONDS, duty: float = THROTTLE_DUTY, peak_first: str = "hog") -> Calibration:
     """Rounds until ``phase_seconds`` of each phase were measured in clean rounds (``phase_seconds /
     slice_seconds`` of them), or ``max_rounds_factor`` times as many rounds were run, or ``max_seconds``
     have passed. The stopping rule looks only at how many rounds were clean and at the clock, never at
     the rounds' figures."""
     if hog not in HOG_KINDS:
         raise ValueError(f"hog must be one of {', '.join(HOG_KINDS)}")
+    if peak_first not in PEAK_FIRST:
+        raise ValueError(f"peak_first must be one of {', '.join(PEAK_FIRST)}")
     (a, b), peak = pick_cpus(topo)
     if cpus is not None:
         a, b = cpus
@@ -709,8 +720,10 @@ def calibrate(topo: Topology, phase_seconds: float = 12.0, mib: int = 256, weigh
         def first_hog_alone() -> _Phase:
             return phases.run([(hogs[0], 0.0, 0.0, 1.0)])
 
+        peak_workers = [probe] + hogs[1:] if peak_first == "probe" else hogs
+
         def peak_phase() -> _Phase:
-            return phases.run([(h, 0.0, 0.0, 1.0) for h in hogs], loaders=range(len(hogs)))
+            return phases.run([(h, 0.0, 0.0, 1.0) for h in peak_workers], loaders=range(len(peak_workers)))
 
         def beside(hog_duty: float = 1.0) -> _Phase:
             ph = phases.run([(hog_b, 0.0, 2 * LEAD_SECONDS, hog_duty), (probe, LEAD_SECONDS, 0.0, 1.0)], loaders=[0])
@@ -738,7 +751,7 @@ def calibrate(topo: Topology, phase_seconds: float = 12.0, mib: int = 256, weigh
     finally:
         for p in procs:
             p.close()
-    return summarise((a, b), peak, mib, rounds, sl, weight, hog, duty=duty)
+    return summarise((a, b), peak, mib, rounds, sl, weight, hog, duty=duty, peak_first=peak_first)
 
 
 def _main(argv: list[str]) -> int:

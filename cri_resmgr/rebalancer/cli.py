@@ -47,6 +47,9 @@ def add_parser(sub, common_args) -> None:
     p.add_argument("--array-mib", type=int, default=256, help="--calibrate: MiB per streamed array")
     p.add_argument("--hog", choices=("read", "copy"), default="read",
                    help="--calibrate: the hog's kernel (read: the probe's own, one unit for the model)")
+    p.add_argument("--peak-first", choices=("hog", "probe"), default="hog",
+                   help="--calibrate: what streams on the probe's CPU in the peak phase (probe: an experiment, "
+                        "docs/rebalancer.md)")
     p.add_argument("--hog-duty", type=float, default=0.5,
                    help="--calibrate: the throttled hog's share of time streaming (the second operating point)")
     p.add_argument("--rounds", type=int, default=1, help="plan, apply and plan again this many times")
@@ -117,7 +120,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     try:
         result = calibrate(discover(cfg.paths.sysfs), args.seconds, args.array_mib,
                            weight=cfg.rebalancer.weights.memory_bandwidth, hog=args.hog, proc=cfg.paths.proc,
-                           duty=args.hog_duty)
+                           duty=args.hog_duty, peak_first=args.peak_first)
     except (ValueError, CalibrationError, OSError) as e:
         print(f"cri-resmgr: calibration failed: {e}", file=sys.stderr)
         return 1
