@@ -5,6 +5,7 @@ and the scenario JSON schema.
     cri-resmgr rebalance --generate FAMILY [--machine NAME] [--containers N] [--seed N]
     cri-resmgr rebalance --schema
     cri-resmgr rebalance --calibrate [--seconds 12] [--array-mib 256] [--hog read|copy] [--hog-duty 0.5]
+                                     [--peak-first hog|probe]
     cri-resmgr rebalance --calibration-pool REPORT.json [REPORT.json ...]
 
 With one round the output is the plan (moves, cost before/after, migration cost); with ``--rounds N``
