@@ -323,10 +323,16 @@ def test_calibrate_measures_hog_beside_probe_and_reports_the_prediction_or_says_
               "first_hog_alone_bytes_per_second"):
         assert r[k] > 1e8, (k, r)
         assert r[k] == pytest.approx(np.median([x[k] for x in used]))
-    bp, bh, peak = r["probe_alone_bytes_per_second"], r["hog_alone_bytes_per_second"], r["peak_bytes_per_second"]
+    bp, bh = r["probe_alone_bytes_per_second"], r["hog_alone_bytes_per_second"]
     cap = r["fitted_capacity_bytes_per_second"]
-    alone = [r["first_hog_alone_bytes_per_second"]] + [bh] * (len(r["peak_cpus"]) - 1)
-    assert cap == fit_capacity(alone, peak) or cap == pytest.approx(fit_capacity(alone, peak))
+    n = len(r["peak_cpus"])
+    alone = [r["first_hog_alone_bytes_per_second"]] + [bh] * (n - 1)
+    # The loss is paired within each round: the median of the rounds' own 1 − peak / Σ alone.
+    lost = np.median([1 - x["peak_bytes_per_second"] / (x["first_hog_alone_bytes_per_second"]
+                                                         + (n - 1) * x["hog_alone_bytes_per_second"]) for x in used])
+    assert r["peak_lost_share"] == pytest.approx(lost)
+    expected = fit_capacity(alone, (1 - lost) * sum(alone))
+    assert cap == expected or cap == pytest.approx(expected)
     for name, hog in (("full", ""), ("throttled", "throttled_")):
         v = r[name]
         bt = np.median([x[f"{hog}hog_alone_bytes_per_second"] for x in used])
