@@ -291,6 +291,31 @@ def test_a_start_in_flight_counts_as_running_for_the_next_exclusive_start(node):
     assert e.check_invariants().ok
 
 
+def test_start_now_lets_a_shared_start_through_at_once_and_sends_anything_that_may_wait_to_the_worker(node):
+    """The relay's event loop asks start_now; a start it refuses goes to wait_startable (off the event loop)."""
+    rt, make = node
+    e = make()
+    e.start()
+    be, g = rt.run_pod("be", "BestEffort"), rt.run_pod("g", "Guaranteed")
+    e.pod_added(be)
+    e.pod_added(g)
+    be_id = create(e, rt, be, "app", "BestEffort")
+    be2_id = create(e, rt, be, "app2", "BestEffort")
+    assert e.start_now("not-in-the-books")
+    assert e.start_now(be_id)  # nothing exclusive yet: through, and held as a start in flight
+    rt.set_state(be_id, State.RUNNING)
+    rt.hang.set()  # the runtime does not answer the pool updates that move them off the exclusive CPU
+    gid = create(e, rt, g, "app", "Guaranteed", 1000)
+    assert not e.start_now(gid)  # exclusive: checked against the kernel, so always by the worker
+    # the second shared container was created on the old pool: its cpuset still holds the exclusive CPU
+    assert not e.start_now(be2_id)
+    rt.release.set()
+    assert e.wait_startable(gid, 5) and e.wait_startable(be2_id, 5)
+    assert not rt.kernel_cpus(be_id) & e.container(gid).cpu_set
+    e.started(be_id)
+    assert e.check_invariants().ok
+
+
 def test_invariants_read_from_the_kernel_are_repaired_by_repinning(node):
     rt, make = node
     e = make()

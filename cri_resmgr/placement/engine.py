@@ -555,6 +555,22 @@ class Engine:
                 self._changed.wait(min(left, 0.5))
         return True
 
+    def start_now(self, container_id: str) -> bool:
+        """For a front end's event loop: True when the start may go on at once, marked as starting as after
+        :meth:`wait_startable` (a shared container whose CPUs no exclusive one holds or has reserved, or one the
+        books do not know); False when it has to wait, with nothing marked: the caller then calls
+        :meth:`wait_startable` off its event loop. Reads only the books (an exclusive container's check reads the
+        kernel's cgroup files, so it always waits there)."""
+        with self._lock:
+            c = self.cache.containers.get(container_id)
+            if c is None:
+                return True
+            if c.placement == Kind.EXCLUSIVE or not self._startable(container_id):
+                return False
+            self._starting.add(container_id)
+            self._start_cpus[container_id] = self._held(c)
+        return True
+
     def wait_startable(self, container_id: str, timeout: float | None = None) -> bool:
         """Hold a start until the container's CPUs are its own (exclusive) or its cpuset is the current pool
         (shared). False when ``timeout`` passed first (the caller lets the start through: fail open)."""

@@ -182,7 +182,15 @@ class UpdateContainerResources(Handler):
 
 
 class StartContainer(Handler):
-    mode = Mode.REWRITE  # held, never changed: see wait_startable
+    """Held, never changed: a start waits (bounded) until the container's CPUs are its own. The usual start (a
+    shared container, nothing to wait for) is let through on the event loop; only one that may have to wait
+    goes to a worker (two thread hand-offs: measured ~1 ms of a start's time on 2 busy CPUs)."""
+
+    mode = Mode.REWRITE
+
+    def rewrite_inline(self, ex: Exchange) -> bytes | Reject | None | InWorker:
+        cid = pb.StartContainerRequest.FromString(ex.request).container_id
+        return None if self.engine.start_now(cid) else IN_WORKER
 
     def rewrite(self, ex: Exchange) -> bytes | Reject | None:
         cid = pb.StartContainerRequest.FromString(ex.request).container_id
