@@ -567,9 +567,12 @@ class Engine:
                 return True
             if c.placement == Kind.EXCLUSIVE or not self._startable(container_id):
                 return False
-            self._starting.add(container_id)
-            self._start_cpus[container_id] = self._held(c)
+            self._mark_starting(c)
         return True
+
+    def _mark_starting(self, c: Container) -> None:
+        self._starting.add(c.id)  # from here on it may run, whatever the books say
+        self._start_cpus[c.id] = self._held(c)
 
     def wait_startable(self, container_id: str, timeout: float | None = None) -> bool:
         """Hold a start until the container's CPUs are its own (exclusive) or its cpuset is the current pool
@@ -578,8 +581,7 @@ class Engine:
         ok = self._wait(lambda: self._startable(container_id), t)
         with self._lock:
             if container_id in self.cache.containers:
-                self._starting.add(container_id)  # from here on it may run, whatever the books say
-                self._start_cpus[container_id] = self._held(self.cache.containers[container_id])
+                self._mark_starting(self.cache.containers[container_id])
         return ok
 
     def started(self, container_id: str) -> None:

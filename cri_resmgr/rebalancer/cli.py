@@ -25,7 +25,10 @@ import json
 import math
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..config import Config
 
 EXIT_OK, EXIT_CONFIG = 0, 2
 
@@ -103,8 +106,18 @@ def cmd_rebalance(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def cmd_calibrate(args: argparse.Namespace) -> int:
+def _config(args: argparse.Namespace) -> Config | None:
+    """The agent config of ``--config`` (defaults without one); None, with the problems printed, when invalid."""
     from ..config import ConfigError, load_config
+
+    try:
+        return load_config(args.config, env={})
+    except ConfigError as e:
+        print(e.render(), file=sys.stderr)
+        return None
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
     from ..topology import discover
     from .calibrate import MIN_CLEAN_ROUNDS, SLICE_SECONDS, CalibrationError, calibrate
 
@@ -113,10 +126,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         print(f"cri-resmgr: --seconds must be in [{MIN_CLEAN_ROUNDS * SLICE_SECONDS:g}, 60] (enough clean rounds "
               "to measure), --array-mib in [16, 4096] and --hog-duty in [0.1, 0.9]", file=sys.stderr)
         return EXIT_CONFIG
-    try:
-        cfg = load_config(args.config, env={})
-    except ConfigError as e:
-        print(e.render(), file=sys.stderr)
+    cfg = _config(args)
+    if cfg is None:
         return EXIT_CONFIG
     try:
         result = calibrate(discover(cfg.paths.sysfs), args.seconds, args.array_mib,
@@ -133,13 +144,10 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 
 def cmd_calibration_pool(args: argparse.Namespace) -> int:
-    from ..config import ConfigError, load_config
     from .calibrate import CalibrationError, pool
 
-    try:
-        cfg = load_config(args.config, env={})
-    except ConfigError as e:
-        print(e.render(), file=sys.stderr)
+    cfg = _config(args)
+    if cfg is None:
         return EXIT_CONFIG
     try:
         reports = [json.loads(p.read_text()) for p in args.calibration_pool]
