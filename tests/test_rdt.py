@@ -729,3 +729,150 @@ def test_monitored_seconds_are_exported_in_whole_milliseconds_and_the_store_code
     ts = 1000.0 + np.arange(len(seen)) * 2.0
     assert Block(0, ts, np.array(seen)[:, None]).width_of(0) <= 2
     assert Block(0, ts, np.array([x + 1e-9 * k for k, x in enumerate(seen)])[:, None]).width_of(0) >= 4
+
+
+def _usage(node: Node, cid: str, seconds: float) -> None:
+    (node.root / node.rel[cid] / "cpu.stat").write_text(f"usage_usec {int(seconds * 10**6)}\n")
+
+
+def test_a_container_that_becomes_busy_has_its_counters_read_on_the_next_run(emulator, node):
+    """The idle skip lasts only while CPU usage stands still: the first run after it moves reads the counters
+    (the bytes counted meanwhile are all there)."""
+    emu = emulator(domains=(0,))
+    cid, (tid,) = node.add(n_threads=1)
+    _usage(node, cid, 1.0)
+    col = _collector(emu, node, idle_refresh_seconds=60.0, interval_seconds=2.0)
+    assert col.refresh_runs == 30
+    total = M.CONTAINER_MEMORY_BANDWIDTH.name
+    seen = []
+    idle = []
+    for t in range(8):
+        if t == 6:
+            _usage(node, cid, 2.0)  # it ran between runs 5 and 6, and made traffic
+        s = col.collect(float(t))
+        seen.append(_one(s, total, container_id=cid, scope="total"))
+        idle.append(col.idle_groups)
+        if t == 5:
+            emu.set_task(tid, mbm_total={0: 1e8})
+        emu.advance(1.0)
+    assert idle[1:6] == [1] * 5 and seen[:6] == [0.0] * 6, "idle: not read (and nothing to read)"
+    assert idle[6] == 0 and seen[6] == pytest.approx(1e8, rel=0.01), "read on the first run after its usage moved"
+
+
+def _idle_rotation(emulator, node, slice_seconds: float = 2.0):
+    emu = emulator(num_rmids=3, domains=(0,))  # two MON groups: one ranked, one rotating, for four containers
+    fixed, (tf,) = node.add(n_threads=1, qos="guaranteed")
+    others = [node.add(n_threads=1)[0] for _ in range(3)]
+    for cid in [fixed, *others]:
+        _usage(node, cid, 1.0)
+    emu.set_task(tf, mbm_total={0: 1e8})
+    col = _collector(emu, node, idle_refresh_seconds=8.0, interval_seconds=1.0,
+                     rotation_slice_seconds=slice_seconds, rotation_share=0.5)
+    return emu, col, fixed, others
+
+
+def test_idle_containers_are_watched_once_then_count_their_still_time_and_stop_the_rotation(emulator, node):
+    """A container watched once that then stands still (CPU usage unchanged between the cgroup collector's
+    reads) made no traffic (MBM counts only while its tasks run): that time counts as watched, never more than
+    the time elapsed, so its rate is not scaled up, and the rotating group stays where it is instead of being
+    moved (rmdir, mkdir, a baseline) onto containers with nothing to count."""
+    emu, col, fixed, others = _idle_rotation(emulator, node)
+    mkdirs = []
+    for t in range(30):
+        if t == 1:  # each ran once (so each is due a watch), then stands still
+            for cid in others:
+                _usage(node, cid, 2.0)
+        col.discovery.collect(float(t))  # the cgroup collector's run, as the agent makes it
+        made = set(col.groups)
+        s = col.collect(float(t))
+        mkdirs.append(len(set(col.groups) - made))
+        for cid in others:
+            w = col.watches.get(cid)
+            if w is not None and w.first_read is not None:
+                secs = _one(s, M.CONTAINER_RDT_MONITORED_SECONDS.name, container_id=cid)
+                assert secs is not None and secs <= t - w.first_read + 1e-9, (t, cid)
+        emu.advance(1.0)
+    assert all(col.watches[c].first_read is not None for c in others), "every container watched once"
+    assert sum(mkdirs[10:]) == 0, f"no group moved once all were watched: {mkdirs}"
+    for cid in others:
+        w = col.watches[cid]
+        secs = _one(s, M.CONTAINER_RDT_MONITORED_SECONDS.name, container_id=cid)
+        assert secs == pytest.approx(29 - w.first_read, abs=1.001), "its still time counts as watched"
+        assert not w.ran_unwatched
+
+
+def test_a_container_that_runs_while_unwatched_is_not_credited_and_gets_the_next_rotation_slot(emulator, node):
+    """Time in which an unwatched container ran is not counted as watched (its bytes are unknown: its rate
+    is scaled for it), and it goes before the group holders at the next slice boundary."""
+    emu, col, fixed, others = _idle_rotation(emulator, node)
+    for t in range(13):
+        if t == 1:
+            for cid in others:
+                _usage(node, cid, 2.0)
+        col.discovery.collect(float(t))
+        col.collect(float(t))
+        emu.advance(1.0)
+    busy = next(c for c in others if c not in col.groups)
+    w = col.watches[busy]
+    credited = w.watched_seconds
+    assert credited > 0 and not w.ran_unwatched
+    tid = int((node.root / node.rel[busy] / "cgroup.threads").read_text().split()[0])
+    emu.set_task(tid, mbm_total={0: 2e8})
+    _usage(node, busy, 5.0)  # it runs, in the middle of a slice (13 s; slices of 2 s)
+    col.discovery.collect(13.0)
+    col.collect(13.0)
+    assert w.ran_unwatched and busy not in col.groups
+    assert w.watched_seconds == credited, "its unwatched run time was not counted"
+    emu.advance(1.0)
+    _usage(node, busy, 6.0)
+    col.discovery.collect(14.0)
+    col.collect(14.0)
+    assert busy in col.groups, "a group at the first slice boundary after it ran"
+    assert w.watched_seconds == credited, "the new group's first read is a baseline"
+
+
+def test_a_container_never_seen_running_waits_as_idle_until_it_runs(emulator, node):
+    """A container that stood still since it was first seen has nothing to count: it holds no group, says so
+    (``reason="idle"``), and its counter starts when it runs, at the first slice boundary after."""
+    emu, col, fixed, others = _idle_rotation(emulator, node)
+    mkdirs = 0
+    for t in range(12):
+        col.discovery.collect(float(t))
+        made = set(col.groups)
+        s = col.collect(float(t))
+        mkdirs += len(set(col.groups) - made)
+        emu.advance(1.0)
+    holder = [c for c in others if c in col.groups]
+    waiting = [c for c in others if c not in col.groups]
+    assert len(holder) == 1 and mkdirs == 2, "the rotating slot was filled once and then kept"
+    for cid in waiting:
+        assert _one(s, M.CONTAINER_RDT_MONITORED.name, container_id=cid) == 0.0
+        assert _series(s, M.CONTAINER_RDT_MONITORED.name, container_id=cid, reason="idle")
+    runs = waiting[0]
+    _usage(node, runs, 3.0)
+    got_at = None
+    for t in range(12, 16):
+        col.discovery.collect(float(t))
+        s = col.collect(float(t))
+        if runs in col.groups and got_at is None:
+            got_at = t
+        emu.advance(1.0)
+    assert got_at == 12, "a group at the first slice boundary after it ran"
+    assert _series(s, M.CONTAINER_RDT_MONITORED.name, container_id=runs, reason="rotation")
+
+
+def test_without_the_idle_refresh_usage_is_not_trusted_and_idle_containers_keep_rotating(emulator, node):
+    """With ``idle_refresh_seconds`` 0 (counters read every run) standing still is no sign of no traffic:
+    nothing is credited and the rotation goes on as before."""
+    emu, col, fixed, others = _idle_rotation(emulator, node)
+    col.discovery.cfg = CgroupCollectorConfig(idle_refresh_seconds=0.0)
+    assert col.refresh_runs == 1
+    mkdirs = 0
+    for t in range(30):
+        col.discovery.collect(float(t))
+        made = set(col.groups)
+        col.collect(float(t))
+        mkdirs += len(set(col.groups) - made)
+        emu.advance(1.0)
+    assert mkdirs >= 12
+    assert all(col.watches[c].watched_seconds < 15 for c in others)

@@ -79,6 +79,9 @@ TASKS_VERIFY_SECONDS = 60.0
 # info/ files, the L3 domains, the cgroup layout, the CTRL_MON groups, which of our MON groups still exist) is
 # looked at again this often, and at once when a kept-open counter file of ours reports its group gone.
 STATIC_REFRESH_SECONDS = 30.0
+# Unmonitored for now because its CPU usage stood still since it was watched or first seen: nothing to count
+# (MBM counts only while its tasks run); it goes first in the rotation once it runs.
+IDLE_REASON = "idle: did not run since watched or first seen"
 
 
 @dataclass(frozen=True)
@@ -201,6 +204,11 @@ class Watch:
     gaps: bool = False  # unwatched for some time since the first read: estimates are scaled
     last_watched: float = float("-inf")  # for rotation: the least recently watched go first
     reason: str = ""
+    # While it has no group: its CPU usage as the cgroup collector last read it and the time from which it is
+    # known to have stood still (None: unknown), and whether it ran while unwatched (bytes not seen).
+    idle_usage: float | None = None
+    idle_at: float = 0.0
+    ran_unwatched: bool = False
     _labels: dict[tuple[str, str], dict[str, str]] = field(default_factory=dict)  # built once, reused
     _keys: dict[tuple[str, str, str], tuple[str, dict[str, str]]] = field(default_factory=dict)  # likewise
     # (key in observed, its bandwidth series key), in the order of observed; rebuilt when observed grows
@@ -245,11 +253,36 @@ class Watch:
             lab = self._labels[k] = {**self.ident.labels(), "scope": MBM_FILES[key[0]], "cache_id": str(key[1])}
         return lab
 
-    def lost_group(self) -> None:
+    def lost_group(self, usage: float | None = None, at: float = 0.0) -> None:
+        """Its group is gone; ``usage`` is its CPU usage as last read (at or before ``at``, the loss), the
+        base from which standing still counts as watched (see :meth:`RdtCollector._credit_idle`)."""
         self.last_raw.clear()
         if self.last_read is not None:
             self.gaps = True
         self.last_read = None
+        self.idle_usage, self.idle_at = usage, at
+
+    def regrouped(self) -> None:
+        """A new group: a new RMID whose first read is a baseline; it is watched again."""
+        self.lost_group()
+        self.ran_unwatched = False
+
+    def credit_idle(self, usage: float | None, at: float) -> bool:
+        """The cgroup collector read ``usage`` at ``at`` while the container had no group. If it stands where
+        it stood at :attr:`idle_at`, no task of the container ran in between, and MBM counts only while a
+        task's RMID is loaded on a CPU, i.e. while it runs (resctrl.rst, "RMID"; the RMID is switched in at
+        context switch, resctrl_sched_in): those seconds counted zero bytes, as surely as if watched, and are
+        added to the watched time. Otherwise they are not (the bytes are unknown) and the container is due a
+        group. True when the watched time grew."""
+        if usage is None or self.idle_usage is None or usage != self.idle_usage:
+            self.ran_unwatched = True  # it ran since the base (or there is none: it may have)
+            self.idle_usage, self.idle_at = usage, max(at, self.idle_at)
+            return False
+        if at <= self.idle_at or self.first_read is None:
+            return False
+        self.watched_seconds += at - self.idle_at
+        self.idle_at = at
+        return True
 
 
 @dataclass
@@ -419,6 +452,8 @@ class RdtCollector(Collector):
         self._row: _Row | None = None  # the last run's row, kept while its series stay the same
         self._probe: tuple[list[MonGroup], list[int], list[int]] | None = None  # see _make_probe
         self._dirty = False  # a watch lost its group or was renamed in this run: lay the row out again
+        # Containers never watched: their CPU usage when first seen, and whether it moved since (see _credit_idle)
+        self._unseen: dict[str, tuple[float, bool]] = {}
         self._lock = threading.Lock()
 
     def reconfigure(self, cfg: RdtCollectorConfig) -> None:
@@ -779,11 +814,12 @@ class RdtCollector(Collector):
             else:
                 g.misplaced = False
 
+        usages = self._credit_idle(now)
         desired = self._plan(idents, info, now)
         for cid in [c for c in self.groups if c not in desired]:
             self._rmdir(self.groups.pop(cid))  # rotated out: its RMID goes to the next container
             self._rmid_exhausted_at = None
-            self.watches.setdefault(cid, Watch(idents[cid])).lost_group()
+            self.watches.setdefault(cid, Watch(idents[cid])).lost_group(usages.get(cid), now)
             self._dirty = True
         for cid, why in desired.items():
             w = self.watches.get(cid) or self.watches.setdefault(cid, Watch(idents[cid]))
@@ -804,11 +840,12 @@ class RdtCollector(Collector):
             made = self._mkdir(idents[cid], self._ctrl_of(layout, idents[cid]))
             if made is not None:
                 self.groups[cid] = made
-                w.lost_group()  # a new RMID: its first read is a baseline
+                w.regrouped()  # a new RMID: its first read is a baseline
                 self._dirty = True
         for cid, ident in idents.items():
             if cid not in self.groups and cid not in self.unmonitored:
-                self.unmonitored[cid] = (ident, "waiting for its rotation slice")
+                self.unmonitored[cid] = (ident, IDLE_REASON if self._rotation_class(cid) == 2
+                                         else "waiting for its rotation slice")
 
         width = self.cfg.mbm_counter_width_bits
         mbm = [f for f in MBM_FILES if f in info.features]
@@ -929,6 +966,55 @@ class RdtCollector(Collector):
         self._dirty = False
         return row.fill(now, [smp.value for smp in tail])
 
+    def _credit_idle(self, now: float) -> dict[str, float]:
+        """Containers watched before and without a group now: the seconds they are known to have stood still
+        (CPU usage unchanged between the cgroup collector's reads, :meth:`Watch.credit_idle`) count as
+        watched, with zero bytes, so their rates are not scaled up for time in which they made no traffic,
+        and rotation need not spend a group on them (:meth:`_rotation_class`). Off when every counter is read
+        every run (``refresh_runs`` 1: CPU usage is not trusted as a sign of no traffic). Returns the CPU
+        usage of every container as last read (seconds)."""
+        if self.refresh_runs <= 1:
+            return {}
+        infos = getattr(self.discovery, "containers", {})
+        usages = {cid: u for cid, inf in infos.items() if (u := inf.stats.cpu_usage_seconds) is not None}
+        unseen = self._unseen
+        for cid, u in usages.items():
+            w = self.watches.get(cid)
+            if w is not None and w.first_read is not None:
+                continue
+            got = unseen.get(cid)
+            unseen[cid] = (u, False) if got is None else (u, got[1] or got[0] != u)
+        if len(unseen) > len(usages):
+            self._unseen = {cid: v for cid, v in unseen.items() if cid in usages}
+        row = self._row
+        for cid, w in self.watches.items():
+            if cid in self.groups or w.first_read is None:
+                continue
+            inf = infos.get(cid)
+            if w.credit_idle(usages.get(cid), min(inf.last_seen, now) if inf is not None else now) and row is not None:
+                i = row.widx.get(cid)
+                if i is not None:
+                    row.seconds[i] = w.watched_seconds
+        return usages
+
+    def _rotation_class(self, cid: str) -> int:
+        """Who rotates in first: 0 a container that ran while unwatched (bytes unknown) or never watched and ran
+        since first seen, 1 one holding a group now (keeping it costs nothing), 2 one that stood still since it
+        was watched (its time is counted as watched with zero bytes, :meth:`_credit_idle`) or, never watched,
+        since it was first seen (no bytes to count: its counter starts at its first watch, when it runs). All 0
+        when idleness is not trusted."""
+        if self.refresh_runs <= 1:
+            return 0
+        w = self.watches.get(cid)
+        if w is None or w.first_read is None:
+            if cid in self.groups:
+                return 1
+            got = self._unseen.get(cid)
+            return 0 if got is None or got[1] else 2
+        if w.ran_unwatched:
+            return 0
+        return 1 if cid in self.groups else 2
+
     def _make_probe(self) -> tuple[list[MonGroup], list[int], list[int]] | None:
         """(the groups, their CPU usage files' descriptors, the bytes to ask of each), when every group has
         that file open; None otherwise (read one by one until then)."""
@@ -995,7 +1081,8 @@ class RdtCollector(Collector):
             code = codes.get(reason)
             if code is None:
                 code = codes[reason] = ("rmid_limbo" if "limbo" in reason else "rmid_exhausted" if "RMID" in reason
-                                        else "rotation_wait" if "rotation" in reason else "mkdir_failed")
+                                        else "rotation_wait" if "rotation" in reason
+                                        else "idle" if reason == IDLE_REASON else "mkdir_failed")
             got = unmon.get((cid, code))
             if got is None or got[1] is not ident:
                 got = unmon[(cid, code)] = ((M.CONTAINER_RDT_MONITORED.name, {**ident.labels(), "reason": code}), ident)
@@ -1103,7 +1190,8 @@ class RdtCollector(Collector):
             desired: dict[str, str] = {}
             for ident in ranked[:fixed_n]:
                 desired[ident.container_id] = "priority" if self._is_priority(ident) else "ranked"
-            rest = sorted(ranked[fixed_n:], key=lambda i: (self._last_watched(i.container_id), i.container_id))
+            rest = sorted(ranked[fixed_n:], key=lambda i: (self._rotation_class(i.container_id),
+                                                           self._last_watched(i.container_id), i.container_id))
             for ident in rest[:rotating_slots]:
                 desired[ident.container_id] = "rotation"
         else:
