@@ -25,7 +25,7 @@ from .collectors.sst import SstCollector
 from .config import Config, ConfigError, load_config
 from .export.exposition import DirectSample
 from .export.remote_write import RemoteWriter
-from .heap import fix_mmap_threshold, release_free_heap
+from .heap import fix_mmap_threshold, limit_arenas, release_free_heap
 from .runfiles import acquire_lock
 from .store import Columns, Store, checkpoint
 from .supervise import LoopStatus, start_supervised
@@ -157,6 +157,7 @@ class Agent:
     # -- lifecycle ---------------------------------------------------------------------------------
     def start(self) -> None:
         fix_mmap_threshold()  # MB-sized temporaries go back to the OS when freed (heap.py)
+        limit_arenas()  # before the collector threads: they share the malloc arenas (heap.py)
         self.run_dir, self.state_dir, notes = prepare_dirs(self.cfg)
         for n in notes:
             log.warning(n)

@@ -90,3 +90,90 @@ def test_fixed_mmap_threshold_keeps_large_temporaries_out_of_the_heap(tmp_path: 
     assert mmapped("dynamic") < 1 << 20  # the test would not see the difference otherwise
     assert mmapped("fixed") >= 2 << 20
     assert mmapped("agent") >= 2 << 20  # Agent.start() fixes it
+
+
+ARENA_CHILD = """
+import ctypes, re, sys, threading
+sys.path.insert(0, {repo!r})
+from cri_resmgr.heap import limit_arenas
+if sys.argv[1] == "limited":
+    assert limit_arenas(2)
+libc = ctypes.CDLL("libc.so.6")
+libc.malloc.restype = ctypes.c_void_p
+libc.malloc.argtypes = [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+libc.fdopen.restype = ctypes.c_void_p
+libc.fdopen.argtypes = [ctypes.c_int, ctypes.c_char_p]
+libc.malloc_info.argtypes = [ctypes.c_int, ctypes.c_void_p]
+libc.fclose.argtypes = [ctypes.c_void_p]
+start, done = threading.Barrier(9), threading.Event()
+
+def work():  # every thread allocates while the others hold their arenas: without a cap, one arena each
+    start.wait()
+    ps = [libc.malloc(1000) for _ in range(20000)]
+    done.wait()
+    for p in ps:
+        libc.free(p)
+
+ts = [threading.Thread(target=work) for _ in range(8)]
+for t in ts:
+    t.start()
+start.wait()
+import os, tempfile
+with tempfile.TemporaryFile() as f:
+    fp = libc.fdopen(os.dup(f.fileno()), b"w")
+    libc.malloc_info(0, fp)
+    libc.fclose(fp)
+    f.seek(0)
+    print(len(re.findall(rb'<heap nr=', f.read())))
+done.set()
+for t in ts:
+    t.join()
+"""
+
+
+@pytest.mark.skipif(_malloc_trim() is None, reason="C library without malloc_trim (not glibc)")
+def test_limited_arenas_make_threads_share_them():
+    """Eight threads allocating at once get arenas of their own (glibc: up to 8 per core) unless the arenas were
+    limited: then they share two."""
+    import subprocess
+    import sys
+
+    repo = str(Path(__file__).resolve().parent.parent)
+
+    def arenas(mode: str) -> int:
+        r = subprocess.run([sys.executable, "-c", ARENA_CHILD.format(repo=repo), mode], capture_output=True,
+                           text=True, check=True)
+        return int(r.stdout.split()[-1])
+
+    assert arenas("limited") <= 2
+    assert arenas("default") > 2  # the test would not see the difference otherwise
+
+
+def test_agent_start_limits_the_arenas(tmp_path: Path, monkeypatch):
+    """Agent.start() caps the malloc arenas before it starts its threads."""
+    from cri_resmgr import agent as agent_mod
+    from cri_resmgr.config import build_config
+    from cri_resmgr.topology.fixtures import MACHINES, build_sysfs
+
+    calls: list[str] = []
+    monkeypatch.setattr(agent_mod, "limit_arenas", lambda: calls.append("arenas") or True)
+    real_start = agent_mod.Agent._start_thread
+
+    def start_thread(self, name):
+        calls.append("thread")
+        real_start(self, name)
+
+    monkeypatch.setattr(agent_mod.Agent, "_start_thread", start_thread)
+    sysfs = build_sysfs(MACHINES["small-offline-isolated"], tmp_path / "sys")
+    for d in ("cgroup", "proc"):
+        (tmp_path / d).mkdir()
+    cfg = build_config({"state_dir": str(tmp_path / "state"), "run_dir": str(tmp_path / "run"),
+                        "paths": {"sysfs": str(sysfs), "cgroup": str(tmp_path / "cgroup"),
+                                  "proc": str(tmp_path / "proc")},
+                        "collectors": {"cgroup": {"interval_seconds": 3600}, "cpu": {"interval_seconds": 3600}}},
+                       env={"NODE_NAME": "t"})
+    a = agent_mod.Agent(cfg)
+    a.start()
+    a.stop()
+    assert calls[0] == "arenas" and "thread" in calls
