@@ -50,7 +50,7 @@ from cri_api.v1 import api_pb2_grpc as pbg
 from sched_trace import SchedTrace
 
 from tests.integration.containerd import Containerd, missing_prerequisites
-from tests.integration.cri import CriClient, Kubelet, PodSpec, container_config, guaranteed
+from tests.integration.cri import CriClient, Kubelet, PodSpec, RunningPod, container_config, guaranteed, pod_config
 from tests.integration.helpers import AgentProcess
 from tests.integration.relay.harness import RelayProcess
 
@@ -156,14 +156,73 @@ def unary_rounds(stubs, n: int, trace: tuple[Path, dict[str, int], dict[str, int
     report(f"ListContainers x{n}", interleaved(stubs, lambda s: s.ListContainers(lst, timeout=10), n))
 
 
-def lifecycle(k: Kubelet, i: int) -> float:
-    t0 = time.perf_counter()
-    pod = k.run_pod(PodSpec(f"bench-{i}"))
-    cid = k.run_container(pod, container_config("app", cpu_milli_request=100))
-    k.stop_remove_container(cid)
-    pod.containers.clear()
-    k.stop_remove_pod(pod)
-    return time.perf_counter() - t0
+LIFECYCLE = ("RunPodSandbox", "CreateContainer", "StartContainer", "StopContainer", "RemoveContainer",
+             "StopPodSandbox", "RemovePodSandbox")
+
+
+def lifecycle(k: Kubelet, i: int) -> dict[str, float]:
+    """One pod's whole life, as kubelet drives it: each call's time (client's view), by CRI method."""
+    rt, timeout = k.c.runtime, k.c.timeout
+    spec = PodSpec(f"bench-{i}")
+    cfg = pod_config(spec, k.cgroup_parent_of(spec.qos, spec.uid), k.log_root / spec.uid)  # as Kubelet.run_pod
+    times: dict[str, float] = {}
+
+    def timed(method: str, call, req):
+        t0 = time.perf_counter()
+        r = call(req, timeout=timeout)
+        times[method] = time.perf_counter() - t0
+        return r
+
+    pid = timed("RunPodSandbox", rt.RunPodSandbox, pb.RunPodSandboxRequest(config=cfg)).pod_sandbox_id
+    pod = RunningPod(spec, pid, cfg)
+    k.pods.append(pod)  # removed by cleanup if the bench fails half-way
+    cid = timed("CreateContainer", rt.CreateContainer, pb.CreateContainerRequest(
+        pod_sandbox_id=pid, config=container_config("app", cpu_milli_request=100), sandbox_config=cfg)).container_id
+    timed("StartContainer", rt.StartContainer, pb.StartContainerRequest(container_id=cid))
+    timed("StopContainer", rt.StopContainer, pb.StopContainerRequest(container_id=cid, timeout=2))
+    timed("RemoveContainer", rt.RemoveContainer, pb.RemoveContainerRequest(container_id=cid))
+    timed("StopPodSandbox", rt.StopPodSandbox, pb.StopPodSandboxRequest(pod_sandbox_id=pid))
+    timed("RemovePodSandbox", rt.RemovePodSandbox, pb.RemovePodSandboxRequest(pod_sandbox_id=pid))
+    k.pods.remove(pod)
+    return times
+
+
+def lifecycles(kubes: dict[str, Kubelet], n: int) -> None:
+    """``n`` rounds of one pod lifecycle per target, in rotating order; per CRI method: each target's median,
+    and each relay's paired (same round) difference from direct."""
+    per: dict[str, list[dict[str, float]]] = {k: [] for k in kubes}
+    order = list(kubes.items())
+    j = 0
+    for i in range(n):
+        r = i % len(order)
+        for k, kube in order[r:] + order[:r]:
+            per[k].append(lifecycle(kube, j))
+            j += 1
+    total = {k: [sum(t.values()) for t in ts] for k, ts in per.items()}
+    d50 = statistics.median(total["direct"])
+    for k, xs in total.items():
+        m = statistics.median(xs)
+        print(f"    {k:7s} median {1e3 * m:7.1f} ms  p90 {1e3 * pct(xs, 0.9):7.1f} ms"
+              + ("" if k == "direct" else f"   {100 * (m - d50) / d50:+.1f}% vs direct"))
+    others = [k for k in kubes if k != "direct"]
+    print("    per call, ms: direct median; for each relay: median, and relay - direct paired (same round) median "
+          "[p25, p75]")
+    print("      " + f"{'':17s} {'direct':>7s}" + "".join(f" | {k:>7s} {'paired':>7s} {'[p25, p75]':>15s}"
+                                                        for k in others))
+    sums = dict.fromkeys(kubes, 0.0)
+    for m in LIFECYCLE:
+        med = {k: statistics.median(t[m] for t in ts) for k, ts in per.items()}
+        for k in kubes:
+            sums[k] += med[k]
+        line = f"      {m:17s} {1e3 * med['direct']:7.2f}"
+        for k in others:
+            diffs = [a[m] - b[m] for a, b in zip(per[k], per["direct"], strict=True)]
+            line += (f" | {1e3 * med[k]:7.2f} {1e3 * statistics.median(diffs):+7.2f} "
+                     f"[{1e3 * pct(diffs, 0.25):+6.2f}, {1e3 * pct(diffs, 0.75):+6.2f}]")
+        print(line)
+    print(f"      {'sum of medians':17s} {1e3 * sums['direct']:7.2f}" + "".join(
+        f" | {1e3 * sums[k]:7.2f} {100 * (sums[k] - sums['direct']) / sums['direct']:+6.1f}% {'':15s}"
+        for k in others))
 
 
 def crowded_creates(kd: Kubelet, kr: Kubelet, control, n_cached: int, n: int, settle: float) -> None:
@@ -265,7 +324,7 @@ def main() -> int:
     ap.add_argument("--settle-ms", type=float, default=150.0,
                     help="phase 4: pause before each create, so that each meets an idle runtime and relay")
     ap.add_argument("--relay-src", type=Path, action="append", default=[],
-                    help="phases 1-2: also a relay run from this source tree (targets alt1, alt2, ...), interleaved")
+                    help="phases 1-3: also a relay run from this source tree (targets alt1, alt2, ...), interleaved")
     ap.add_argument("--no-naive", action="store_true", help="phases 1-2: leave out the naive grpcio relay")
     ap.add_argument("--sched-trace", action="store_true",
                     help="phase 2: record the scheduler's events (perf sched) during the Version calls and show, for "
@@ -340,19 +399,13 @@ def main() -> int:
 
         kd = Kubelet(CriClient(cd.socket), cd.cgroup_parent, base / "logs")
         kr = Kubelet(CriClient(relay.socket), cd.cgroup_parent, base / "logs")
-        kubes += [kd, kr]
+        alt_kubes = {f"alt{i}": Kubelet(CriClient(a.socket), cd.cgroup_parent, base / "logs")
+                     for i, a in enumerate(alts, 1)}
+        kubes += [kd, kr, *alt_kubes.values()]
         if 3 in phases:
             print(f"3. pod lifecycles x{args.lifecycles} "
                   "(run pod, create, start, stop, remove container, stop, remove pod)")
-            lat = {"direct": [], "relay": []}
-            for i in range(args.lifecycles):
-                lat["direct"].append(lifecycle(kd, 2 * i))
-                lat["relay"].append(lifecycle(kr, 2 * i + 1))
-            d50 = statistics.median(lat["direct"])
-            for k, xs in lat.items():
-                m = statistics.median(xs)
-                print(f"    {k:7s} median {1e3 * m:7.1f} ms  p90 {1e3 * pct(xs, 0.9):7.1f} ms"
-                      + ("" if k == "direct" else f"   {100 * (m - d50) / d50:+.1f}% vs direct"))
+            lifecycles({"direct": kd, "relay": kr, **alt_kubes}, args.lifecycles)
 
         if 4 in phases:
             print(f"4. CreateContainer x{args.creates}, Guaranteed, pod with 1,000 annotation entries, "
