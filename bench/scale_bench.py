@@ -3,7 +3,10 @@ cycle beside the floor of a minimal C reader of the same files, RSS now and proj
 
 Set-up (this process plays "the machine"; needs root):
 - N container cgroups ``kubepods/<qos>/pod<uid>/<id>`` made in every v1 controller and in the v2 ``unified``
-  tree (as runc does on hybrid hosts), each holding one sleeping process;
+  tree (as runc does on hybrid hosts), each holding one sleeping process, or with ``--busy F`` a fraction F of
+  them (spread evenly over the QoS classes) a busy one instead: bench/busy_loop.c, compiled with gcc in this run,
+  spins ``--busy-spin-ms`` of CPU time every ``--busy-period`` seconds, so their CPU usage moves between any two
+  reads of the collectors and no idle shortcut applies to them;
 - resctrl: the FUSE emulator (tests/resctrlfs.py) with ``--rmids`` RMIDs (fewer than containers: the RDT
   collector's budget and rotation are part of what is measured), counters advancing;
 - the floor: bench/floor_reader.c, compiled with gcc in this run, reads the files the cgroup and RDT
@@ -17,6 +20,8 @@ process over ``--seconds`` after a warm-up. The FUSE server runs in this
 process, so its work is not charged to the child.
 
     sudo nice .venv/bin/python bench/scale_bench.py [--containers 200,1000] [--seconds 60]
+    # every container running now and then (0.2 ms of CPU a second each by default)
+    sudo nice .venv/bin/python bench/scale_bench.py --containers 1000 --agent-only --busy 1.0
     # before/after in the same set-up: the previous commit's agent alternating with this one's
     git archive HEAD | tar -x -C /tmp/head && cp cri_resmgr/ebpf/avx512.bpf.o /tmp/head/cri_resmgr/ebpf/
     sudo nice .venv/bin/python bench/scale_bench.py --containers 1000 --compare /tmp/head
@@ -456,8 +461,15 @@ def main() -> None:
     ap.add_argument("--switch-interval", type=float, action="append", default=None,
                     help="whole agent: sys.setswitchinterval in the agent (as serve.py sets 0.001); repeat to run "
                          "the agent once per value (0: Python's default)")
+    ap.add_argument("--busy", type=float, default=0.0, metavar="F",
+                    help="fraction of the containers (0..1) whose process runs a busy loop instead of sleeping "
+                         "(bench/busy_loop.c): their CPU usage changes between the collectors' reads")
+    ap.add_argument("--busy-period", type=float, default=1.0, help="--busy: seconds between two spins")
+    ap.add_argument("--busy-spin-ms", type=float, default=0.2, help="--busy: CPU milliseconds of each spin")
     ap.add_argument("--child", nargs=2)
     args = ap.parse_args()
+    if not 0.0 <= args.busy <= 1.0 or args.busy_period <= 0 or args.busy_spin_ms < 0:
+        ap.error("--busy takes a fraction in 0..1, --busy-period a positive number, --busy-spin-ms >= 0")
     if args.child:
         kind, spec = args.child
         print(json.dumps((child_agent if kind == "agent" else child_collector)(json.loads(spec))))
@@ -475,6 +487,11 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="cri-resmgr-scale-"))
     floor_bin = tmp / "floor_reader"
     subprocess.run(["gcc", "-O2", "-o", str(floor_bin), str(REPO / "bench" / "floor_reader.c")], check=True)
+    busy_cmd = None
+    if args.busy > 0:
+        busy_bin = tmp / "busy_loop"
+        subprocess.run(["gcc", "-O2", "-o", str(busy_bin), str(REPO / "bench" / "busy_loop.c")], check=True)
+        busy_cmd = [str(busy_bin), f"{args.busy_period:g}", f"{args.busy_spin_ms:g}"]
     sizes = [int(x) for x in args.containers.split(",")]
     other_script = None
     if args.compare is not None:
@@ -502,7 +519,9 @@ def main() -> None:
                 if qos == "guaranteed":
                     cg.rel = cg.rel.replace("kubepods/guaranteed/", "kubepods/")
                 cg.create()
-                p = subprocess.Popen(["sleep", "7200"])
+                k = len(cgroups)  # busy when the k-th container crosses a multiple of 1/F: F of them, evenly spread
+                busy = busy_cmd is not None and math.floor((k + 1) * args.busy) > math.floor(k * args.busy)
+                p = subprocess.Popen(busy_cmd if busy else ["sleep", "7200"])
                 cg.add(p.pid)
                 emu.set_task(p.pid, mbm_total={0: 1e8 + len(procs), 1: 5e7}, mbm_local={0: 9e7}, occupancy={0: 1 << 20})
                 cgroups.append(cg)
@@ -540,7 +559,9 @@ def main() -> None:
         for cg in reversed(cgroups):
             cg.remove()
 
-    print(f"scale bench (real kubelet-style cgroups, one sleeping process each; resctrl emulator with "
+    load = (f"one process each, {args.busy:.0%} of them busy ({args.busy_spin_ms:g} ms of CPU every "
+            f"{args.busy_period:g} s), the others sleeping" if args.busy else "one sleeping process each")
+    print(f"scale bench (real kubelet-style cgroups, {load}; resctrl emulator with "
           f"{args.rmids} RMIDs; machine: {os.cpu_count()} CPUs shared with other work: figures are from a loaded "
           f"machine, the ratios to the floor measured in the same run are what counts)")
     for n, per, agents in results:
