@@ -1,6 +1,7 @@
 """The AVX-512 BPF object and its loaders. Description tests open the object with libbpf without loading
 it (no privileges); the load tests need root and run the real program on this kernel."""
 
+import errno
 import os
 import shutil
 import struct
@@ -12,7 +13,14 @@ from pathlib import Path
 import pytest
 
 from cri_resmgr.ebpf import avx512 as A
-from cri_resmgr.ebpf.libbpf import BPF_MAP_TYPE_PERCPU_ARRAY, BPF_MAP_TYPE_PERCPU_HASH, BpfObject, Libbpf, LibbpfError
+from cri_resmgr.ebpf.libbpf import (
+    BPF_MAP_TYPE_PERCPU_ARRAY,
+    BPF_MAP_TYPE_PERCPU_HASH,
+    ENOTSUPP,
+    BpfObject,
+    Libbpf,
+    LibbpfError,
+)
 from cri_resmgr.ebpf.probe import check_kernel_headers, probe_capabilities
 
 REPO = Path(__file__).resolve().parent.parent
@@ -168,5 +176,74 @@ def test_bcc_loader_counts_per_process_where_headers_exist(bpf_object):
         assert mine.switches >= 50 and mine.avx512_switches == 0, mine
         key = next(k for k in snap.counts if k.tgid == p.pid)
         assert src.retire([key])[key].switches >= mine.switches and key not in src.read().counts
+    finally:
+        src.close()
+
+
+@needs_root
+def test_batch_read_of_the_loaded_map_matches_the_per_key_walk(bpf_object, libbpf):
+    """BPF_MAP_LOOKUP_BATCH on the real loaded counts map gives what the get_next_key/lookup walk gives: the
+    same keys, and for processes that have exited (their counts frozen) the same counts; for live ones counts
+    between the walk before and the walk after. Read whole, and in chunks of 7 (the batch token carried on)."""
+    _ready(bpf_object)
+    src = A.LibbpfSource(bpf_object, 1024, key_by_tgid=True, lb=libbpf)
+    try:
+        procs = [subprocess.Popen(["sleep", "0.01"]) for _ in range(30)]
+        for p in procs:
+            p.wait()
+        exited = {p.pid for p in procs}
+        before = src.read_counts_by_key()
+        batch = src.read_counts_batch()
+        assert batch is not None, "this kernel (>= 5.6) has batch lookup for per-CPU hashes"
+        raw = src.counts.lookup_batch(chunk=7)
+        assert raw is not None
+        chunked = {A.decode_key(bytes(k)): src._decode(src.counts, bytes(v)) for k, v in zip(*raw, strict=True)}
+        after = src.read_counts_by_key()
+        assert len(chunked) == len(raw[0])  # no key twice across the chunks
+        for got in (batch, chunked):
+            assert set(before) <= set(got) <= set(after)  # nothing deletes keys here: the key set only grows
+            for k, c in got.items():
+                b, a = before.get(k, A.Counts()), after[k]
+                assert b.switches <= c.switches <= a.switches and b.avx512_switches <= c.avx512_switches
+                assert b.last_avx512_ns <= c.last_avx512_ns <= a.last_avx512_ns
+            dead = {k for k in got if k.tgid in exited}
+            assert len(dead) == len(exited)  # every exited process has its key, each with switches counted
+            assert all(got[k] == before[k] == after[k] and got[k].switches > 0 for k in dead)
+        assert src.read().counts.keys() >= set(before) and src.batch  # read() took the batch path
+    finally:
+        src.close()
+
+
+@needs_root
+def test_read_falls_back_to_the_key_walk_where_the_kernel_has_no_batch_lookup(bpf_object):
+    """A kernel without BPF_MAP_LOOKUP_BATCH (before 5.6: EINVAL) or without it for the map type (ENOTSUPP):
+    the first read says so and walks the keys, and later reads do not ask again."""
+    _ready(bpf_object)
+    for err in (errno.EINVAL, ENOTSUPP):
+        lb = Libbpf()  # its own function table: the fake below must not leak into other tests
+        calls = []
+
+        def no_batch(*args, err=err, calls=calls):
+            calls.append(args)
+            return -err
+
+        lb.lib.bpf_map_lookup_batch = no_batch
+        src = A.LibbpfSource(bpf_object, 256, key_by_tgid=True, lb=lb)
+        try:
+            p = subprocess.Popen(["sleep", "0.01"])
+            p.wait()
+            snap = src.read()
+            assert not src.batch and len(calls) == 1
+            assert any(k.tgid == p.pid and c.switches > 0 for k, c in snap.counts.items())  # counted all the same
+            src.read()
+            assert len(calls) == 1
+        finally:
+            src.close()
+    lb = Libbpf()
+    lb.lib.bpf_map_lookup_batch = lambda *args: -errno.EPERM  # any other error is an error, not "unsupported"
+    src = A.LibbpfSource(bpf_object, 256, key_by_tgid=True, lb=lb)
+    try:
+        with pytest.raises(A.LoaderError, match="bpf_map_lookup_batch"):
+            src.read()
     finally:
         src.close()

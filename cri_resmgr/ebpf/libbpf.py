@@ -17,6 +17,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 SONAME = "libbpf.so.1"
 
 # enum bpf_map_type (include/uapi/linux/bpf.h); only the ones this project uses are named.
@@ -26,6 +28,12 @@ BPF_MAP_TYPE_PERCPU_HASH = 5
 BPF_MAP_TYPE_PERCPU_ARRAY = 6
 MAP_TYPE_NAMES = {BPF_MAP_TYPE_HASH: "hash", BPF_MAP_TYPE_ARRAY: "array",
                   BPF_MAP_TYPE_PERCPU_HASH: "percpu_hash", BPF_MAP_TYPE_PERCPU_ARRAY: "percpu_array"}
+
+# Errors a kernel gives for a bpf(2) command or map operation it does not have: EINVAL for a command number it does
+# not know (BPF_MAP_LOOKUP_BATCH is 5.6+), ENOTSUPP (524, include/linux/errno.h; not in userspace errno.h) for a map
+# type without the operation (kernel/bpf/syscall.c, BPF_DO_BATCH).
+ENOTSUPP = 524
+UNSUPPORTED = (errno_mod.EINVAL, ENOTSUPP)
 
 # enum libbpf_print_level (libbpf.h)
 LIBBPF_WARN, LIBBPF_INFO, LIBBPF_DEBUG = 0, 1, 2
@@ -114,6 +122,8 @@ class Libbpf:
             "bpf_map_lookup_elem": (i, [i, vp, vp]),
             "bpf_map_delete_elem": (i, [i, vp]),
             "bpf_map_lookup_and_delete_elem": (i, [i, vp, vp]),
+            # (fd, in_batch, out_batch, keys, values, count, opts): BPF_MAP_LOOKUP_BATCH, bpf(2) cmd 24
+            "bpf_map_lookup_batch": (i, [i, vp, vp, vp, vp, ctypes.POINTER(u32), vp]),
             "bpf_obj_get_info_by_fd": (i, [i, vp, ctypes.POINTER(u32)]),
             "libbpf_num_possible_cpus": (i, []),
             "libbpf_set_print": (vp, [_PRINT_FN]),
@@ -215,13 +225,56 @@ class BpfMap:
             return buf.raw
         if rc == -errno_mod.ENOENT:
             return None
-        if rc not in (-errno_mod.EINVAL, -524):  # 524 = ENOTSUPP (include/linux/errno.h)
+        if -rc not in UNSUPPORTED:
             raise LibbpfError(f"bpf_map_lookup_and_delete_elem({self.info.name})", -rc)
         val = self.lookup(key)
         rc = self.lb.lib.bpf_map_delete_elem(self.fd, kb)
         if rc < 0 and rc != -errno_mod.ENOENT:
             raise LibbpfError(f"bpf_map_delete_elem({self.info.name})", -rc)
         return val
+
+    def lookup_batch(self, chunk: int = 0) -> tuple[np.ndarray, np.ndarray] | None:
+        """Every key and value in a few BPF_MAP_LOOKUP_BATCH calls (bpf(2) cmd 24, kernel >= 5.6 for hash and
+        per-CPU hash maps) instead of a get_next_key and a lookup per key: ``(keys, values)``, uint8 arrays of
+        shape ``(n, key_size)`` and ``(n, value_buf_size)``. None when the kernel has no batch lookup for this map
+        (EINVAL, ENOTSUPP on the first call): the caller walks :meth:`keys` instead.
+
+        ``chunk`` caps the entries asked per call (0: the map's max_entries, i.e. one call and its end mark).
+        Semantics from kernel/bpf/hashtab.c __htab_map_lookup_and_delete_batch: the batch token is the next
+        bucket; a call returns whole buckets only, ENOSPC (count 0) when the first bucket holds more entries than
+        asked, and ENOENT, with the entries of that last call counted, at the end of the map. Entries inserted or
+        deleted meanwhile may or may not be seen, as with a key walk."""
+        ks, vs = self.info.key_size, self.value_buf_size
+        keys = np.empty((max(1, self.info.max_entries), ks), dtype=np.uint8)
+        values = np.empty((len(keys), vs), dtype=np.uint8)
+        token_in = ctypes.create_string_buffer(max(ks, 8))  # htab's token is a u32; libbpf asks key_size
+        token_out = ctypes.create_string_buffer(max(ks, 8))
+        count = ctypes.c_uint32()
+        fn = self.lb.lib.bpf_map_lookup_batch
+        ask = chunk if chunk > 0 else len(keys)
+        n = 0
+        first = True
+        for _ in range(4 * self.info.max_entries + 64):  # bounded, as the key walk
+            if n + ask > len(keys):  # entries inserted while reading: make room
+                keys = np.concatenate([keys, np.empty_like(keys)])
+                values = np.concatenate([values, np.empty_like(values)])
+                continue
+            count.value = ask
+            rc = fn(self.fd, None if first else token_in, token_out, keys[n:].ctypes.data, values[n:].ctypes.data,
+                    ctypes.byref(count), None)
+            if rc == -errno_mod.ENOSPC and count.value == 0:
+                ask *= 2  # one bucket holds more than asked
+                continue
+            if rc not in (0, -errno_mod.ENOENT):
+                if first and -rc in UNSUPPORTED:
+                    return None
+                raise LibbpfError(f"bpf_map_lookup_batch({self.info.name})", -rc)
+            n += count.value
+            if rc == -errno_mod.ENOENT:
+                return keys[:n], values[:n]
+            ctypes.memmove(token_in, token_out, len(token_out))
+            first = False
+        raise LibbpfError(f"bpf_map_lookup_batch({self.info.name}): no end of map", errno_mod.EAGAIN)
 
     def slots(self, value: bytes) -> list[bytes]:
         """Split a per-CPU value into its CPU slots (index = CPU number)."""
