@@ -876,3 +876,34 @@ def test_without_the_idle_refresh_usage_is_not_trusted_and_idle_containers_keep_
         emu.advance(1.0)
     assert mkdirs >= 12
     assert all(col.watches[c].watched_seconds < 15 for c in others)
+
+
+def test_a_ranked_group_stays_with_its_holder_until_a_challenger_uses_clearly_more_cpu(emulator, node):
+    """Re-ranking at each slice boundary: a container holding the ranked group keeps it while a challenger of its
+    QoS class uses less than 25 % and 0.05 CPU more than it (no rmdir/mkdir churn between near-equals), and loses
+    it to one that does."""
+    emu = emulator(num_rmids=3, domains=(0,))  # two MON groups: one ranked, one rotating
+    a, b, c = (node.add(n_threads=1)[0] for _ in range(3))
+    col = _collector(emu, node, rotation_slice_seconds=1.0, rotation_share=0.5)
+    used = {a: 0.0, b: 0.0, c: 0.0}
+    rate = {a: 0.50, b: 0.30, c: 0.0}  # CPU seconds a second
+    ranked_holder = []
+    for t in range(24):
+        if t == 8:
+            rate[b] = 0.60  # above a's 0.50, by 20 % (0.10 CPU): not clearly
+        if t == 16:
+            rate[b] = 0.70  # by 40 % and 0.20 CPU: clearly
+            before_handover = list(emu.commands)
+        for cid in used:
+            used[cid] += rate[cid]
+            _usage(node, cid, used[cid])
+        col.discovery.collect(float(t))  # the cgroup collector's read: CPU use for the ranking
+        s = col.collect(float(t))
+        holders = [cid for cid in used if _one(s, M.CONTAINER_RDT_MONITORED.name, container_id=cid, reason="ranked")]
+        assert len(holders) == 1 and len(col.groups) == 2
+        ranked_holder.append(holders[0])
+        emu.advance(1.0)
+    assert set(ranked_holder[3:8]) == {a}, "the busiest holds the ranked group"
+    assert set(ranked_holder[8:16]) == {a}, "a challenger 20 % busier does not take it"
+    assert set(ranked_holder[18:]) == {b}, "one 40 % and 0.2 CPU busier does"
+    assert sum(cmd.startswith("mkdir") and GROUP_PREFIX + a in cmd for cmd in before_handover) == 1, "a kept one group"

@@ -82,6 +82,12 @@ STATIC_REFRESH_SECONDS = 30.0
 # Unmonitored for now because its CPU usage stood still since it was watched or first seen: nothing to count
 # (MBM counts only while its tasks run); it goes first in the rotation once it runs.
 IDLE_REASON = "idle: did not run since watched or first seen"
+# A container holding a ranked MON group keeps it at a re-ranking unless a challenger in the same priority and QoS
+# tier uses at least this many times its CPU and this much more (CPU seconds a second): CPU use of containers near
+# each other in the ranking swaps places from slice to slice, and each swap costs an rmdir, a mkdir, a tasks
+# write and a baseline read, and a gap in both containers' counts.
+RANK_KEEP_RATIO = 1.25
+RANK_KEEP_MARGIN_CPU = 0.05
 
 
 @dataclass(frozen=True)
@@ -1187,11 +1193,13 @@ class RdtCollector(Collector):
         if boundary:
             self._update_cpu()  # only where a ranking is made: CPU use over the time since the last one
             ranked = sorted(idents.values(), key=self._rank_key)
+            top = self._keep_holders(ranked, fixed_n)
             desired: dict[str, str] = {}
-            for ident in ranked[:fixed_n]:
+            for ident in top:
                 desired[ident.container_id] = "priority" if self._is_priority(ident) else "ranked"
-            rest = sorted(ranked[fixed_n:], key=lambda i: (self._rotation_class(i.container_id),
-                                                           self._last_watched(i.container_id), i.container_id))
+            rest = sorted((i for i in ranked if i.container_id not in desired),
+                          key=lambda i: (self._rotation_class(i.container_id), self._last_watched(i.container_id),
+                                         i.container_id))
             for ident in rest[:rotating_slots]:
                 desired[ident.container_id] = "rotation"
         else:
@@ -1206,6 +1214,28 @@ class RdtCollector(Collector):
                 desired.setdefault(ident.container_id, "rotation")
         self._desired = desired
         return dict(desired)
+
+    def _keep_holders(self, ranked: list[ContainerIdentity], fixed_n: int) -> list[ContainerIdentity]:
+        """The ranked first ``fixed_n`` of ``ranked`` (best first), except that a container holding a ranked group
+        keeps it against the weakest newcomer among them unless that one clearly outranks it (:meth:`_outranks`):
+        hysteresis against groups changing hands between containers of about the same CPU use."""
+        top = ranked[:fixed_n]
+        held = {cid for cid, why in self._desired.items() if why in ("ranked", "priority") and cid in self.groups}
+        for holder in [i for i in ranked[fixed_n:] if i.container_id in held]:  # best first
+            j = next((j for j in range(len(top) - 1, -1, -1) if top[j].container_id not in held), None)
+            if j is None or self._outranks(top[j], holder):
+                break  # the weakest newcomer outranks this holder clearly: so do the others, and the next holders
+            top[j] = holder
+        return top
+
+    def _outranks(self, challenger: ContainerIdentity, holder: ContainerIdentity) -> bool:
+        """Whether ``challenger`` takes ``holder``'s group: a better priority or QoS tier does; within a tier, CPU
+        use RANK_KEEP_RATIO times the holder's and RANK_KEEP_MARGIN_CPU more."""
+        kc, kh = self._rank_key(challenger), self._rank_key(holder)
+        if kc[:2] != kh[:2]:
+            return kc[:2] < kh[:2]
+        cpu_c, cpu_h = -kc[2], -kh[2]
+        return cpu_c >= cpu_h * RANK_KEEP_RATIO and cpu_c - cpu_h >= RANK_KEEP_MARGIN_CPU
 
     def _last_watched(self, cid: str) -> float:
         w = self.watches.get(cid)
