@@ -383,6 +383,7 @@ def test_containers_go_into_a_configured_control_group(emulator, node):
 def test_tasks_moved_away_by_someone_else_come_back_after_verification(emulator, node):
     emu = emulator()
     cid, (tid,) = node.add(n_threads=1)
+    _usage(node, cid, 1.0)
     now = [0.0]
     col = RdtCollector(emu.mountpoint, node.root, RdtCollectorConfig(), CgroupCollector(node.root),
                        clock=lambda: now[0])
@@ -396,7 +397,11 @@ def test_tasks_moved_away_by_someone_else_come_back_after_verification(emulator,
     assert emu.owner(tid) is emu.root  # not re-read yet: reading tasks walks every thread of the machine
     now[0] = 10.0 + 60.0
     col.collect(70.0)
-    assert emu.owner(tid) is group
+    assert emu.owner(tid) is emu.root  # due, but the container did not run: nothing to count, nothing checked
+    _usage(node, cid, 2.0)
+    now[0] = 71.0
+    col.collect(71.0)
+    assert emu.owner(tid) is group  # it ran: verified and moved back
 
 
 def test_pod_annotation_keeps_a_mon_group_when_rmids_run_short(emulator, node):
@@ -907,3 +912,32 @@ def test_a_ranked_group_stays_with_its_holder_until_a_challenger_uses_clearly_mo
     assert set(ranked_holder[8:16]) == {a}, "a challenger 20 % busier does not take it"
     assert set(ranked_holder[18:]) == {b}, "one 40 % and 0.2 CPU busier does"
     assert sum(cmd.startswith("mkdir") and GROUP_PREFIX + a in cmd for cmd in before_handover) == 1, "a kept one group"
+
+
+def test_the_idle_refresh_of_a_container_that_did_not_run_reads_counters_but_not_its_threads(emulator, node):
+    """At the idle refresh (counters of a container whose CPU usage stood still, read again for occupancy) the
+    container's thread list is not read nor its tasks synced: a thread that joined without running makes no
+    traffic. Once the usage moves, the next run reads the list and moves the new thread into the group."""
+    emu = emulator(domains=(0,))
+    cid, tids = node.add(n_threads=1)
+    _usage(node, cid, 1.0)
+    col = _collector(emu, node, idle_refresh_seconds=8.0, interval_seconds=2.0)
+    assert col.refresh_runs == 4
+    col.read_log = []
+    col.collect(0.0)
+    tasks = emu.mountpoint / "mon_groups" / (GROUP_PREFIX + cid) / "tasks"
+    threads = str(node.root / node.rel[cid] / "cgroup.threads")
+    assert tasks.read_text().split() == [str(t) for t in tids] and threads in col.read_log[0]
+    node.set_threads(cid, tids + [4242])  # joined, has not run: the usage stands
+    for t in range(1, 9):
+        col.collect(float(t))
+        emu.advance(1.0)
+    window = col.read_log[1:]
+    refreshes = [log for log in window if any("mon_data" in p for p in log)]
+    assert refreshes and len(refreshes) < len(window), "counters read at the refresh only"
+    assert not any(threads in log for log in window), "the thread list is not read while the usage stands"
+    assert "4242" not in tasks.read_text().split()
+    _usage(node, cid, 1.5)
+    col.collect(9.0)
+    assert threads in col.read_log[-1] and any("mon_data" in p for p in col.read_log[-1])
+    assert sorted(tasks.read_text().split()) == sorted([str(t) for t in tids] + ["4242"])

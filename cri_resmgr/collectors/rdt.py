@@ -895,15 +895,21 @@ class RdtCollector(Collector):
                 self.idle_groups += 1
             else:
                 first = g.usage is None
+                # The idle refresh of a container that still did not run (occupancy is read again, above): its
+                # thread list is not read, nor the group's tasks re-checked. A thread that joined it and has not
+                # run makes no traffic yet; when it runs, the usage moves and the next run syncs it.
+                still = usage is not None and usage == g.usage and w.last_read is not None
                 g.usage, g.read_at = usage, now
                 g.idle_runs = n % every if first else 0  # groups made together refresh in turn
-                self._sync_tasks(layout, g)
+                if not still:
+                    self._sync_tasks(layout, g)
                 if g.reads is None:
                     base = str(g.path)
                     g.reads = [(f, c, f"{base}/mon_data/mon_L3_{c:02d}/{f}") for c in domain_ids for f in files]
                 if log_reads is not None:
                     log_reads += [p for _, _, p in g.reads]
-                    log_reads.append(self._threads_path(layout, g))
+                    if not still:
+                        log_reads.append(self._threads_path(layout, g))
                 due.append((cid, g, w))
             # Watched time runs whether or not the counters were read: the group counted all along.
             if w.first_read is None:
