@@ -187,8 +187,10 @@ RDT_RMID_BUDGET = define("rdt", "rmid_budget", "gauge",
                          labels=())
 CONTAINER_RDT_MONITORED_SECONDS = define(
     "container", "rdt_monitored", "counter",
-    "Time the container's memory traffic was watched by a MON group; memory_bandwidth_bytes_total is scaled "
-    "by elapsed over this time when RMIDs rotate.", "seconds", labels=CONTAINER_LABELS)
+    "Time the container's memory traffic is known since its first watch: in a MON group, or without one while "
+    "its CPU usage stood still (no task ran, so no traffic). memory_bandwidth_bytes_total is the bytes counted "
+    "times elapsed over this time (equal when known all along, as without rotation).", "seconds",
+    labels=CONTAINER_LABELS)
 RDT_WRITE_ERRORS = define("rdt", "write_errors", "counter", "Failed resctrl writes and mkdirs (info/last_cmd_status).",
                           labels=())
 # SST collector (cpufreq base_frequency, isst interface)
