@@ -134,3 +134,52 @@ def test_a_series_added_while_a_scrape_runs_does_not_hide_the_others():
     busy = [ln for ln in text.splitlines() if ln.startswith(M.CPU_BUSY.name)]
     assert len(busy) == 5, text
     assert len([ln for ln in ex.render().decode().splitlines() if ln.startswith(M.CPU_BUSY.name)]) == 6
+
+
+def _uncached_render(s: Store, direct_samples) -> bytes:
+    """The exposition without any remembered text: every line formatted from the store's live values with the
+    shared writer (format_family), family by family in the store's order."""
+    from cri_resmgr.export.exposition import format_family
+
+    live = {id(ref): v for ref, _, v in s.latest()}
+    out = []
+    for metric, refs in s.series_by_metric().items():
+        rows = [(ref.labels, live[id(ref)]) for ref in refs if id(ref) in live]
+        if rows:
+            out.append(format_family(M.spec_of(metric), rows))
+    grouped: dict[str, list] = {}
+    specs = {}
+    for d in direct_samples():
+        specs[d.spec.name] = d.spec
+        grouped.setdefault(d.spec.name, []).append((sorted(d.labels.items()), d.value))
+    out += [format_family(specs[name], rows) for name, rows in grouped.items()]
+    return "".join(out).encode()
+
+
+def test_exposition_is_byte_identical_to_the_uncached_render_and_shares_label_text():
+    """Scraped after every change (values changing or not, NaN and ±Inf, series going stale and coming back, new
+    containers, reclaimed columns, hostile label values), the remembered pieces give byte for byte what formatting
+    every line afresh gives; and a container's label text is one string, shared by all its metrics' lines."""
+    rng = np.random.default_rng(7)
+    s = Store(retention_seconds=12)
+    e = Exposition(s, direct)
+    specials = [math.nan, math.inf, -math.inf, -0.0, 1e21, 1 / 3]
+    metrics = (M.CONTAINER_CPU_USAGE.name, M.CONTAINER_MEMORY_USAGE.name)
+    for step in range(40):
+        gen = step // 10
+        rows = []
+        for k in range(8):
+            labels = {"container_id": f"g{gen}-{k}", "pod": 'p"\\\n', "namespace": "ns"}
+            for m in metrics:
+                if rng.random() < 0.9:
+                    v = float(rng.choice(specials)) if rng.random() < 0.2 else float(rng.integers(0, 4))
+                    rows.append(Sample(m, labels, v))
+        s.append("cg", 1000.0 + step, rows, 1.0)
+        assert e.render() == _uncached_render(s, direct), step
+    lines = [r for _, runs in e._families() for r in runs]
+    by_labels: dict = {}
+    for run in lines:
+        for ref, text in zip(run.refs, run.pieces[1::4], strict=True):
+            by_labels.setdefault(ref.labels, set()).add(id(text))
+    assert by_labels and all(len(ids) == 1 for ids in by_labels.values())
+    assert any(len([r for run in lines for r in run.refs if r.labels == lk]) == 2 for lk in by_labels)

@@ -92,29 +92,49 @@ def _family_head(spec: M.MetricSpec) -> str:
 @dataclass
 class _Run:
     """Consecutive series of one metric that live in one table: their refs and columns, and their lines as last
-    rendered from the values ``shown`` (a line is formatted again only when its value changed). A line is its
-    ``name{labels} `` prefix (``plen[i]`` characters) and its value; the prefix is not kept apart, so the label text
-    is held once (at 20 k series, prefixes and lines held apart took ~12 MB, the lines alone ~6 MB). Before the first
-    scrape a line is its prefix alone."""
+    rendered from the values ``shown`` (a value is formatted again only when it changed). A line is kept as four
+    pieces in ``pieces`` (``4 * i`` onwards): the metric name, the ``{labels} `` text, the value and ``"\\n"``. The
+    name is one string per metric and the label text one per label set (shared by every metric of a container,
+    :class:`_LabelText`), so a series holds only its value's text: at 13 k series, lines held whole took ~2.5 MB
+    more. Before the first scrape a value is empty."""
 
     table: str
     refs: list[SeriesRef]
     cols: np.ndarray
-    plen: list[int]
-    lines: list[str]
+    pieces: list[str]
     shown: np.ndarray | None = None  # uint64 bit patterns of the values the lines hold; None: not rendered yet
+
+
+class _LabelText:
+    """The ``{labels} `` text of each label set, rendered once and shared by every series with that set (the
+    store hands the same labels for the same set: one text per container, not one per series)."""
+
+    def __init__(self) -> None:
+        self._text: dict[tuple[tuple[str, str], ...], str] = {}
+
+    def of(self, labels: tuple[tuple[str, str], ...]) -> str:
+        text = self._text.get(labels)
+        if text is None:
+            inner = ",".join(f'{k}="{_escape_label(v)}"' for k, v in labels)
+            text = self._text[labels] = f"{{{inner}}} " if inner else " "
+        return text
+
+    def keep_only(self, used: Iterable[tuple[tuple[str, str], ...]]) -> None:
+        """Forget the texts of label sets no longer used (containers gone)."""
+        self._text = {lk: self._text[lk] for lk in used if lk in self._text}
 
 
 class Exposition:
     """Renders the store's live series and the direct samples. What each series' line starts with is worked out
-    once per change of the store's index (:attr:`Store.index_version`), and a line is formatted again only when
-    its value changed since the last scrape: a scrape costs vector operations plus the series that changed."""
+    once per change of the store's index (:attr:`Store.index_version`), and a value is formatted again only when
+    it changed since the last scrape: a scrape costs vector operations plus the series that changed."""
 
     def __init__(self, store: Store, direct: Callable[[], Iterable[DirectSample]] = lambda: ()):
         self.store = store
         self.direct = direct
         self._header: dict[str, str] = {}
         self._plan: tuple[int, list[tuple[str, list[_Run]]]] | None = None
+        self._labels = _LabelText()
         self._lock = threading.Lock()  # concurrent scrapes: one at a time updates the remembered lines
 
     def _head(self, spec: M.MetricSpec) -> str:
@@ -132,9 +152,7 @@ class Exposition:
         version, index = store.versioned_series()
         old_runs = [] if self._plan is None else [r for _, runs in self._plan[1] for r in runs]
         old = {(id(r.refs[0]), r.table): r for r in old_runs if r.refs}
-        # A series still in the store keeps its prefix from the line it had (the old runs hold their refs, so an
-        # id here cannot be a new object's).
-        held = {id(ref): (line, n) for r in old_runs for ref, line, n in zip(r.refs, r.lines, r.plen, strict=True)}
+        text = self._labels
         families = []
         for metric, refs in index.items():
             runs: list[_Run] = []
@@ -146,16 +164,13 @@ class Exposition:
                     if prev is not None and prev.refs == part:
                         runs.append(prev)  # the same series, in the same columns: its lines stay good
                     else:
-                        lines, plen = [], []
-                        for r in part:
-                            got = held.get(id(r))
-                            prefix = got[0][:got[1]] if got is not None else _series_prefix(metric, r.labels)
-                            lines.append(prefix)
-                            plen.append(len(prefix))
+                        pieces = [metric, "", "", "\n"] * len(part)
+                        pieces[1::4] = [text.of(r.labels) for r in part]
                         cols = np.fromiter((r.col for r in part), dtype=np.int64, count=len(part))
-                        runs.append(_Run(part[0].table, part, cols, plen, lines))
+                        runs.append(_Run(part[0].table, part, cols, pieces))
                     start = i
             families.append((metric, runs))
+        text.keep_only(r.labels for refs in index.values() for r in refs)
         self._plan = (version, families)
         return families
 
@@ -172,7 +187,8 @@ class Exposition:
         vectors = self.store.latest_vectors()
         out: list[str] = []
         for metric, runs in families:
-            lines: list[str] = []
+            at = len(out)
+            out.append("")  # the family's HELP and TYPE, once a line of it is live
             for run in runs:
                 vec = vectors.get(run.table)
                 if vec is None or (len(run.cols) and int(run.cols.max()) >= len(vec[0])):
@@ -182,23 +198,25 @@ class Exposition:
                     continue
                 vals = vec[1][run.cols]
                 bits = vals.view(np.uint64)
-                have = run.lines
+                pieces = run.pieces
                 changed = None if run.shown is None else np.flatnonzero(bits != run.shown)
                 # (repr() is the spelling of finite values; format_value() that of NaN and ±Inf)
                 fmt = repr if np.isfinite(vals).all() else format_value
                 if changed is None or 2 * len(changed) > len(bits):
-                    have = run.lines = [line[:n] + fmt(v)
-                                        for line, n, v in zip(have, run.plen, vals.tolist(), strict=True)]
+                    pieces[2::4] = map(fmt, vals.tolist())
                 elif len(changed):
-                    plen = run.plen
                     for i, v in zip(changed.tolist(), vals[changed].tolist(), strict=True):
-                        have[i] = have[i][:plen[i]] + fmt(v)
+                        pieces[4 * i + 2] = fmt(v)
                 run.shown = bits
-                lines += have if live.all() else [have[i] for i in np.flatnonzero(live).tolist()]
-            if lines:
-                out.append(self._head(M.spec_of(metric)))
-                out.append("\n".join(lines))
-                out.append("\n")
+                if live.all():
+                    out += pieces
+                else:
+                    for i in np.flatnonzero(live).tolist():
+                        out += pieces[4 * i:4 * i + 4]
+            if len(out) > at + 1:
+                out[at] = self._head(M.spec_of(metric))
+            else:
+                out.pop()
         direct: dict[str, list[tuple[list[tuple[str, str]], float]]] = {}
         specs: dict[str, M.MetricSpec] = {}
         for d in self.direct():

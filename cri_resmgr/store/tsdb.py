@@ -499,9 +499,10 @@ def merge_blocks(blocks: Sequence[Block], ncols: int) -> Block:
 BLOCK_ROWS = 256  # rows per sealed block; the newest rows (up to this many) stay uncompressed
 # A wide table (a high-cardinality source: 1,000 containers × 13 series) seals sooner, so that its hot block
 # stays near HOT_BLOCK_BYTES instead of 256 rows × 8 bytes per series: at 13 k series that is 27 MB of
-# uncompressed float64 against ~2 MB. Never fewer than MIN_BLOCK_ROWS rows: the small blocks are merged (below),
-# but until then each costs ~19 bytes per column (first value, group, position).
-HOT_BLOCK_BYTES = 2 << 20
+# uncompressed float64 against ~1 MB (docs/hardware-collectors.md, "Agent memory at 1,000 containers": RSS with
+# 2 MB and 1 MB). Never fewer than MIN_BLOCK_ROWS rows: the small blocks are merged (below), but until then each
+# costs ~19 bytes per column (first value, group, position).
+HOT_BLOCK_BYTES = 1 << 20
 MIN_BLOCK_ROWS = 16
 # ... and its sealed blocks are merged, once enough of them follow each other, into one of up to BLOCK_ROWS rows
 # (:func:`merge_blocks`): the per-column cost of a block is then paid once per up to 256 rows, not per 16 or 32.
@@ -956,21 +957,29 @@ class Store:
         self._series = 0
         self._lock = threading.RLock()
         # Label pairs shared by every series key that holds them: ("namespace", "default") once, not once per
-        # series (at 20 k series the index took ~1.7 KB a series, most of it copies of the same pairs).
+        # series (at 20 k series the index took ~1.7 KB a series, most of it copies of the same pairs); and whole
+        # label sets shared by every series that has one (a container's 13 metrics, their blocks' keys and index
+        # entries hold one tuple, not 13).
         self._pairs: dict[tuple[str, str], tuple[str, str]] = {}
+        self._label_sets: dict[Labels, Labels] = {}
         self._plans: dict[str, _ColumnPlan] = {}  # per table, for append_columns
         self.index_version = 0  # bumped whenever a series enters or leaves the index (readers cache by it)
 
     def _labels_key(self, labels: Mapping[str, str]) -> Labels:
-        """:func:`labels_key` with its pairs interned."""
+        """:func:`labels_key` interned: the store's one tuple for this label set, made of its shared pairs."""
+        if max(len(self._pairs), len(self._label_sets)) > max(_PAIRS_KEEP, 4 * self._series):  # churn: start again
+            self._pairs.clear()
+            self._label_sets.clear()
         pairs = self._pairs
-        if len(pairs) > max(_PAIRS_KEEP, 4 * self._series):  # churn left mostly dead pairs: start again
-            pairs.clear()
-        return tuple(sorted(pairs.setdefault(p, p) for p in ((k, str(v)) for k, v in labels.items())))
+        lk = tuple(sorted(pairs.setdefault(p, p) for p in ((k, str(v)) for k, v in labels.items())))
+        return self._intern_set(lk)
 
     def _intern(self, lk: Labels) -> Labels:
         pairs = self._pairs
-        return tuple(pairs.setdefault(p, p) for p in lk)
+        return self._intern_set(tuple(pairs.setdefault(p, p) for p in lk))
+
+    def _intern_set(self, lk: Labels) -> Labels:
+        return self._label_sets.setdefault(lk, lk)
 
     # -- writing -----------------------------------------------------------------------------------
     def table(self, name: str, interval_seconds: float) -> Table:
@@ -1200,6 +1209,7 @@ class Store:
             self._plans.clear()
             self.index_version += 1
             self._pairs.clear()
+            self._label_sets.clear()
             self._series = 0
 
     def _refuse(self, key: tuple[str, Labels]) -> None:
