@@ -442,6 +442,12 @@ def child_agent(spec: dict) -> dict:
             th.join(timeout=30)
         release_free_heap()
         rss_before = _rss_kib()
+        mapping_before = _smaps_top()
+        traced_before = None
+        if spec.get("tracemalloc"):  # what the fill adds, by line (the RSS rise past the store's rows)
+            import tracemalloc
+
+            traced_before = tracemalloc.take_snapshot()
         c0 = _cpu()
         tables = fill_to_retention(agent.store)
         fill_cpu = _cpu() - c0
@@ -453,7 +459,16 @@ def child_agent(spec: dict) -> dict:
             store_mb = sum(t.nbytes() for t in agent.store.tables.values()) / 2**20
         out["full_retention"] = {"rss_before_mb": rss_before / 1024, "rss_mb": rss_full / 1024,
                                  "rss_trimmed_mb": _rss_kib() / 1024, "by_mapping": _smaps_top(),
+                                 "by_mapping_before": mapping_before,
                                  "store_rows_mb": store_mb, "fill_cpu_s": fill_cpu, "tables": tables}
+        if traced_before is not None:
+            import tracemalloc
+
+            diff = tracemalloc.take_snapshot().compare_to(traced_before, "lineno")
+            out["notes"]["fill, traced growth"] = (
+                f"{sum(d.size_diff for d in diff) / 2**20:.1f} MB; by line: " + ", ".join(
+                    f"{d.traceback[0].filename.split('/')[-1]}:{d.traceback[0].lineno} {d.size_diff / 2**20:+.2f} "
+                    f"({d.count_diff:+d})" for d in diff[:15]))
     if spec.get("tracemalloc"):
         import tracemalloc
 
@@ -643,6 +658,7 @@ def main() -> None:
                       f"{f['rss_trimmed_mb']:.1f} MB; store rows {f['store_rows_mb']:.1f} MiB (fill took "
                       f"{f['fill_cpu_s']:.1f} s CPU)")
                 if f.get("by_mapping"):
+                    print(f"        RSS by mapping before the fill: {f.get('by_mapping_before')}")
                     print(f"        RSS by mapping after the fill: {f['by_mapping']}")
                 for t, note in f["tables"].items():
                     print(f"        {t}: {note}")
