@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import threading
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
@@ -41,6 +41,44 @@ class LabelMatcher(Protocol):
 
 def labels_key(labels: Mapping[str, str]) -> Labels:
     return tuple(sorted((k, str(v)) for k, v in labels.items()))
+
+
+class LabelSet(Mapping[str, str]):
+    """A label set as the store keys it (sorted ``(name, value)`` pairs, values as text), read as a mapping: what a
+    collector hands the store for series it keeps for long, instead of a dict per series. The store interns the
+    pairs when it first sees the set (:meth:`Store.append_columns`, :meth:`Store.append`) and the set then holds
+    the store's own tuple, so the labels are held once: a container's six PSI series took a dict of eight labels
+    each (272 bytes) besides the store's tuple."""
+
+    __slots__ = ("_pairs",)
+
+    def __init__(self, labels: Mapping[str, str]) -> None:
+        self._pairs: Labels = labels_key(labels)
+
+    @property
+    def pairs(self) -> Labels:
+        return self._pairs
+
+    def share(self, pairs: Labels) -> None:
+        """Hold ``pairs`` (the store's interned tuple, equal to this set's) instead of this set's own copy."""
+        if pairs != self._pairs:
+            raise ValueError(f"{pairs!r} is not the label set {self._pairs!r}")
+        self._pairs = pairs
+
+    def __getitem__(self, name: str) -> str:
+        for k, v in self._pairs:
+            if k == name:
+                return v
+        raise KeyError(name)
+
+    def __iter__(self) -> Iterator[str]:
+        return (k for k, _ in self._pairs)
+
+    def __len__(self) -> int:
+        return len(self._pairs)
+
+    def __repr__(self) -> str:
+        return f"LabelSet({dict(self._pairs)!r})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -970,10 +1008,15 @@ class Store:
         self.index_version = 0  # bumped whenever a series enters or leaves the index (readers cache by it)
 
     def _labels_key(self, labels: Mapping[str, str]) -> Labels:
-        """:func:`labels_key` interned: the store's one tuple for this label set, made of its shared pairs."""
+        """:func:`labels_key` interned: the store's one tuple for this label set, made of its shared pairs (which a
+        :class:`LabelSet` then holds too)."""
         if max(len(self._pairs), len(self._label_sets)) > max(_PAIRS_KEEP, 4 * self._series):  # churn: start again
             self._pairs.clear()
             self._label_sets.clear()
+        if type(labels) is LabelSet:
+            lk = self._label_sets.get(labels.pairs) or self._intern(labels.pairs)
+            labels.share(lk)
+            return lk
         pairs = self._pairs
         lk = tuple(sorted(pairs.setdefault(p, p) for p in ((k, str(v)) for k, v in labels.items())))
         return self._intern_set(lk)
