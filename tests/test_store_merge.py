@@ -29,11 +29,11 @@ def _matrix(rng, n: int, c: int) -> np.ndarray:
     return np.stack([kinds[i % len(kinds)]() for i in range(c)], axis=1)
 
 
-def test_compact_rows_is_a_power_of_two_within_a_quarter_of_the_capacity():
-    assert compact_rows_for(1801, 32) == 256  # rdt at 2 s for an hour: 1801 // 4 = 450, BLOCK_ROWS at most
-    assert compact_rows_for(721, 32) == 128  # cgroup at 5 s: 721 // 4 = 180
+def test_compact_rows_is_a_power_of_two_within_an_eighth_of_the_capacity():
+    assert compact_rows_for(1801, 32) == 128  # rdt at 2 s for an hour: 1801 // 8 = 225
+    assert compact_rows_for(721, 32) == 64  # cgroup at 5 s
     assert compact_rows_for(100_000, 32) == tsdb.BLOCK_ROWS
-    assert compact_rows_for(100, 32) == 32  # too short a table to merge: the hot block's rows
+    assert compact_rows_for(200, 32) == 32  # too short a table to merge: the hot block's rows
     assert compact_rows_for(3601, 256) == 256  # a narrow table: already BLOCK_ROWS
     assert compact_rows_for(1801, 32, limit=64) == 64
 
@@ -98,9 +98,8 @@ def test_a_gap_bitmap_that_does_not_fit_its_block_is_refused():
             Block.from_arrays({**arrays, f"x_{name}": bad}, "x_", meta)
 
 
-def _wide_store(monkeypatch, retention: float = 300.0) -> Store:
-    """A store whose tables of 40 columns already count as wide (hot block of 32 rows), merged into blocks of 64
-    rows (a quarter of the 301 rows kept, rounded down to a power of two)."""
+def _wide_store(monkeypatch, retention: float = 600.0) -> Store:
+    """A store whose tables of 40 columns already count as wide (hot block of 32 rows)."""
     monkeypatch.setattr(tsdb, "HOT_BLOCK_BYTES", 64 * 8 * 32)  # (40 series: room for 64 columns)
     return Store(retention_seconds=retention)
 
@@ -116,11 +115,11 @@ def _write(s: Store, rows: int, start: int = 0, seed: int = 0) -> tuple[np.ndarr
     return ts, V
 
 
-def test_a_wide_table_merges_its_sealed_blocks_and_keeps_at_most_a_quarter_past_the_retention(monkeypatch):
+def test_a_wide_table_merges_its_sealed_blocks_and_keeps_at_most_an_eighth_past_the_retention(monkeypatch):
     s = _wide_store(monkeypatch)
     ts, V = _write(s, 2000)
     tab = s.tables["t"]
-    assert tab.block_rows == 32 and tab.capacity == 301
+    assert tab.block_rows == 32 and tab.capacity == 601
     target = compact_rows_for(tab.capacity, tab.block_rows, tab.max_block_rows)
     assert target == 64
     sizes = [b.n for b in tab.blocks]
@@ -131,9 +130,9 @@ def test_a_wide_table_merges_its_sealed_blocks_and_keeps_at_most_a_quarter_past_
     got_ts, got = tab.rows(tab.floor, tab.seq, cols)  # the retention's rows, exactly
     assert np.array_equal(got_ts, ts[-tab.capacity:])
     assert np.array_equal(bits(got), bits(V[-tab.capacity:]))
-    unmerged = sum(Block(0, ts[i:i + 32], V[i:i + 32]).nbytes() for i in range(2000 - 320, 2000 - 64, 32))
-    merged = sum(b.nbytes() for b in tab.blocks if b.seq0 >= 2000 - 320 and b.seq0 + b.n <= 2000 - 64)
-    assert 0 < merged < 0.9 * unmerged  # (the noisy columns cost the same either way: the saving is per column)
+    unmerged = sum(Block(0, ts[i:i + 32], V[i:i + 32]).nbytes() for i in range(2000 - 640, 2000 - 64, 32))
+    merged = sum(b.nbytes() for b in tab.blocks if b.seq0 >= 2000 - 640 and b.seq0 + b.n <= 2000 - 64)
+    assert merged < 0.9 * unmerged  # (the noisy columns cost the same either way: the saving is per column)
 
 
 def test_merged_blocks_go_through_incremental_checkpoints(monkeypatch, tmp_path):
@@ -144,7 +143,7 @@ def test_merged_blocks_go_through_incremental_checkpoints(monkeypatch, tmp_path)
     for k in range(12):
         _write(s, 50, start=50 * k, seed=k)
         ck.save(s, tmp_path)
-        back = Store(retention_seconds=300.0)
+        back = Store(retention_seconds=600.0)
         assert checkpoint.restore(back, tmp_path).restored
         a, b = s.tables["t"], back.tables["t"]
         ta, va = a.rows(a.floor, a.seq, np.arange(40))

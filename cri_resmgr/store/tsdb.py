@@ -545,12 +545,8 @@ MIN_BLOCK_ROWS = 16
 # ... and its sealed blocks are merged, once enough of them follow each other, into one of up to BLOCK_ROWS rows
 # (:func:`merge_blocks`): the per-column cost of a block is then paid once per up to 256 rows, not per 16 or 32.
 # A block is dropped whole once all its rows are past the retention, so a merged block holds at most
-# 1/COMPACT_SHARE of the table's capacity: the rows kept past the retention stay under that share. A quarter, not
-# an eighth: at 1,000 containers the cgroup table (721 rows at 5 s) merges into 128-row blocks instead of 64, RDT and
-# AVX-512 (1,801 rows at 2 s) into 256 instead of 128, which halves the per-column cost of the blocks (first value,
-# group, position): 1.3 MiB less on a full-retention checkpoint of scale_bench's agent, for ~0.2 MiB more rows
-# kept past the retention on average (half a block).
-COMPACT_SHARE = 4
+# 1/COMPACT_SHARE of the table's capacity: the rows kept past the retention stay under that share.
+COMPACT_SHARE = 8
 
 
 def compact_rows_for(capacity: int, block_rows: int, limit: int = BLOCK_ROWS) -> int:
