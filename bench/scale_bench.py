@@ -97,6 +97,47 @@ def _timed_render(expo) -> float:
     return time.perf_counter() - t
 
 
+class _Served:
+    """The agent's HTTP side as ``cri-resmgr run`` starts it (serve.py): the FastAPI app with its own Exposition,
+    under uvicorn, on a free loopback port, in a thread of this process (uvicorn leaves the signal handlers alone
+    off the main thread). Its ``render()`` is a scrape of /metrics over HTTP, so the process holds what the real
+    agent holds and the /metrics figure includes the HTTP layer."""
+
+    def __init__(self, agent, switch_interval: float | None) -> None:
+        import socket
+
+        import uvicorn
+
+        from cri_resmgr.web.app import create_app
+
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            self.port = probe.getsockname()[1]
+        sys.setswitchinterval(switch_interval or 0.001)  # as serve.py sets it, unless the bench asks otherwise
+        cfg = uvicorn.Config(create_app(agent, check_host=True), host="127.0.0.1", port=self.port,
+                             log_level="warning", access_log=False, lifespan="off")
+        self.server = uvicorn.Server(cfg)
+        self.thread = threading.Thread(target=self.server.run, name="uvicorn", daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise SystemExit("the served agent did not start")
+            time.sleep(0.05)
+
+    def render(self) -> bytes:
+        import urllib.request
+
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=30) as r:
+            if r.status != 200:
+                raise SystemExit(f"/metrics answered {r.status}")
+            return r.read()
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+
+
 def _floor(binary: str, paths: list[str], cycles: int, tmp: str) -> tuple[float, float]:
     lst = Path(tmp) / f"floor-{os.getpid()}-{len(paths)}.txt"
     lst.write_text("".join(p + "\n" for p in paths))
@@ -277,6 +318,16 @@ def child_agent(spec: dict) -> dict:
         tracemalloc.start(1)
     agent = Agent(load_config(p), p)
     agent.start()
+    served = _Served(agent, spec.get("switch_interval")) if spec.get("serve") else None
+    scrapes = threading.Event()
+
+    def scrape_every(seconds: float) -> None:  # a Prometheus scraping the served agent
+        while not scrapes.wait(seconds):
+            served.render()
+
+    if served is not None:
+        served.render()
+        threading.Thread(target=scrape_every, args=(15.0,), name="scraper", daemon=True).start()
     time.sleep(spec["warmup"])
     spy = None
     if spec.get("profile"):  # py-spy (a bench-time tool, not a dependency) samples this process from outside
@@ -322,7 +373,7 @@ def child_agent(spec: dict) -> dict:
         top = sorted(sizes.items(), key=lambda kv: -kv[1][1])[:10]
         notes_mem.append("gc-tracked objects (shallow): "
                          + ", ".join(f"{k} {n} {b / 2**20:.1f} MB" for k, (n, b) in top))
-    expo = Exposition(agent.store, agent.self_metrics)
+    expo = served if served is not None else Exposition(agent.store, agent.self_metrics)
     times = []
     size = 0
     for _ in range(5):
@@ -383,9 +434,11 @@ def child_agent(spec: dict) -> dict:
         once["store_rows_mb"] = sum(t.nbytes() for t in agent.store.tables.values()) / 2**20
     out = {"cpu_share": cpu_share, "rss_mb": rss / 1024, "projected_mb": _projected_rss(rss, agent.store),
            "series": agent.store.series_count, "metrics_ms": sorted(times)[2] * 1e3, "metrics_bytes": size,
-           "health": health, "threads": threads, "once": once, "notes": notes}
+           "health": health, "threads": threads, "once": once, "notes": notes, "served": served is not None}
     if spec.get("fill"):  # the collectors stop; the store is filled to its retention and the RSS measured
         from cri_resmgr.heap import release_free_heap
+
+        scrapes.set()
 
         agent._stop.set()
         for ev in agent._wake.values():
@@ -394,16 +447,33 @@ def child_agent(spec: dict) -> dict:
             th.join(timeout=30)
         release_free_heap()
         rss_before = _rss_kib()
+        mapping_before = _smaps_top()
+        traced_before = None
+        if spec.get("tracemalloc"):  # what the fill adds, by line (the RSS rise past the store's rows)
+            import tracemalloc
+
+            traced_before = tracemalloc.take_snapshot()
         c0 = _cpu()
         tables = fill_to_retention(agent.store)
         fill_cpu = _cpu() - c0
+        if served is not None:  # a scrape of the full store, as Prometheus would make next
+            expo.render()
         rss_full = _rss_kib()
         release_free_heap()
         with agent.store.lock:
             store_mb = sum(t.nbytes() for t in agent.store.tables.values()) / 2**20
         out["full_retention"] = {"rss_before_mb": rss_before / 1024, "rss_mb": rss_full / 1024,
                                  "rss_trimmed_mb": _rss_kib() / 1024, "by_mapping": _smaps_top(),
+                                 "by_mapping_before": mapping_before,
                                  "store_rows_mb": store_mb, "fill_cpu_s": fill_cpu, "tables": tables}
+        if traced_before is not None:
+            import tracemalloc
+
+            diff = tracemalloc.take_snapshot().compare_to(traced_before, "lineno")
+            out["notes"]["fill, traced growth"] = (
+                f"{sum(d.size_diff for d in diff) / 2**20:.1f} MB; by line: " + ", ".join(
+                    f"{d.traceback[0].filename.split('/')[-1]}:{d.traceback[0].lineno} {d.size_diff / 2**20:+.2f} "
+                    f"({d.count_diff:+d})" for d in diff[:15]))
     if spec.get("tracemalloc"):
         import tracemalloc
 
@@ -416,6 +486,9 @@ def child_agent(spec: dict) -> dict:
                         f"{st.size / 2**20:.1f}" for st in by_file)
             + "; by line: " + ", ".join(f"{st.traceback[0].filename.split('/')[-1]}:{st.traceback[0].lineno} "
                                         f"{st.size / 2**20:.1f} ({st.count})" for st in by_line))
+    scrapes.set()
+    if served is not None:
+        served.stop()
     agent.stop()
     return out
 
@@ -457,6 +530,10 @@ def main() -> None:
                          "the collected series at their measured pace), then measure the RSS (fill_to_retention)")
     ap.add_argument("--tracemalloc", action="store_true", help="whole agent: trace Python allocations from the "
                     "start and print the largest by file and line at the end (slows the agent: not for CPU figures)")
+    ap.add_argument("--no-serve", action="store_true",
+                    help="whole agent: without its HTTP side (by default the agent runs as `cri-resmgr run` starts it: "
+                         "the FastAPI app under uvicorn, /metrics scraped over HTTP every 15 s and for the /metrics "
+                         "figures; without it, the RSS lacks the web stack's ~15 MB)")
     ap.add_argument("--collectors-only", action="store_true", help="skip the whole-agent runs")
     ap.add_argument("--switch-interval", type=float, action="append", default=None,
                     help="whole agent: sys.setswitchinterval in the agent (as serve.py sets 0.001); repeat to run "
@@ -546,7 +623,8 @@ def main() -> None:
                     agents[(interval, who, k, sw)] = run_child(
                         "agent", {**base, "tmp": str(d), "interval": interval, "seconds": args.seconds,
                                   "warmup": args.warmup, "perf_sw_events": args.perf_sw_events, "switch_interval": sw,
-                                  "memory": args.memory, "fill": args.fill, "tracemalloc": args.tracemalloc,
+                                  "memory": args.memory, "fill": args.fill, "serve": not args.no_serve,
+                                  "tracemalloc": args.tracemalloc,
                                   "profile": str(args.profile / f"agent-{n}-{interval}-{k}.txt") if args.profile
                                   else None}, script)
             results.append((n, per, agents))
@@ -586,6 +664,7 @@ def main() -> None:
                 label += ", default switch interval"
             if other_script:
                 label += f", {'this checkout' if who == 'this' else args.compare} (run {k + 1})"
+            label += ", served over HTTP" if a.get("served") else ", without the HTTP side (--no-serve)"
             print(f"whole agent, {label}: CPU {a['cpu_share'] * 100:.2f} % of a core (over {args.seconds:g} s), "
                   f"RSS {a['rss_mb']:.1f} MB now, {a['projected_mb']:.1f} MB projected at full retention, "
                   f"{a['series']} series, /metrics {a['metrics_ms']:.1f} ms for {a['metrics_bytes'] / 1e6:.2f} MB "
@@ -600,6 +679,7 @@ def main() -> None:
                       f"{f['rss_trimmed_mb']:.1f} MB; store rows {f['store_rows_mb']:.1f} MiB (fill took "
                       f"{f['fill_cpu_s']:.1f} s CPU)")
                 if f.get("by_mapping"):
+                    print(f"        RSS by mapping before the fill: {f.get('by_mapping_before')}")
                     print(f"        RSS by mapping after the fill: {f['by_mapping']}")
                 for t, note in f["tables"].items():
                     print(f"        {t}: {note}")

@@ -75,7 +75,9 @@ def test_containers_and_collectors(client):
 
 
 def test_metrics_exposition(client):
-    text = client.get("/metrics").text
+    r = client.get("/metrics")
+    assert r.headers["content-type"] == "text/plain; version=0.0.4; charset=utf-8"
+    text = r.text
     assert f'cri_resmgr_container_cpu_usage_seconds_total{{container="",container_id="{CID}"' in text
     assert 'cri_resmgr_collector_up{collector="cpu"} 1.0' in text
     assert "cri_resmgr_config_reload_errors_total 0.0" in text

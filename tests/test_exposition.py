@@ -134,3 +134,88 @@ def test_a_series_added_while_a_scrape_runs_does_not_hide_the_others():
     busy = [ln for ln in text.splitlines() if ln.startswith(M.CPU_BUSY.name)]
     assert len(busy) == 5, text
     assert len([ln for ln in ex.render().decode().splitlines() if ln.startswith(M.CPU_BUSY.name)]) == 6
+
+
+def _uncached_render(s: Store, direct_samples) -> bytes:
+    """The exposition without any remembered text: every line formatted from the store's live values with the
+    shared writer (format_family), family by family in the store's order."""
+    from cri_resmgr.export.exposition import format_family
+
+    def order(labels):  # the container's labels first (the part shared by its series), then the others
+        return ([p for p in labels if p[0] in M.CONTAINER_LABELS]
+                + [p for p in labels if p[0] not in M.CONTAINER_LABELS])
+
+    live = {id(ref): v for ref, _, v in s.latest()}
+    out = []
+    for metric, refs in s.series_by_metric().items():
+        rows = [(order(ref.labels), live[id(ref)]) for ref in refs if id(ref) in live]
+        if rows:
+            out.append(format_family(M.spec_of(metric), rows))
+    grouped: dict[str, list] = {}
+    specs = {}
+    for d in direct_samples():
+        specs[d.spec.name] = d.spec
+        grouped.setdefault(d.spec.name, []).append((sorted(d.labels.items()), d.value))
+    out += [format_family(specs[name], rows) for name, rows in grouped.items()]
+    return "".join(out).encode()
+
+
+def test_exposition_is_byte_identical_to_the_uncached_render_and_shares_label_text():
+    """Scraped after every change (values changing or not, NaN and ±Inf, series going stale and coming back, new
+    containers, reclaimed columns, hostile label values, labels besides the container's), the remembered pieces
+    give byte for byte what formatting every line afresh gives; and a container's label text is one string, shared
+    by all its series' lines, PSI-style ones with more labels included."""
+    rng = np.random.default_rng(7)
+    s = Store(retention_seconds=12)
+    e = Exposition(s, direct)
+    specials = [math.nan, math.inf, -math.inf, -0.0, 1e21, 1 / 3]
+    for step in range(40):
+        gen = step // 10
+        rows = []
+        for k in range(8):
+            labels = {"container_id": f"g{gen}-{k}", "pod": 'p"\\\n', "namespace": "ns"}
+            series = [(M.CONTAINER_CPU_USAGE.name, labels), (M.CONTAINER_MEMORY_USAGE.name, labels)]
+            series += [(M.CONTAINER_PRESSURE_STALLED.name, {**labels, "resource": r, "kind": "some", "a": "1"})
+                       for r in ("cpu", "io")]
+            for m, lab in series:
+                if rng.random() < 0.9:
+                    v = float(rng.choice(specials)) if rng.random() < 0.2 else float(rng.integers(0, 4))
+                    rows.append(Sample(m, lab, v))
+        rows.append(Sample(M.CPU_BUSY.name, {"cpu": str(step % 3)}, float(step)))
+        rows.append(Sample("cri_resmgr_test_unlabelled", {}, float(step)))
+        s.append("cg", 1000.0 + step, rows, 1.0)
+        assert e.render() == _uncached_render(s, direct), step
+    heads: dict = {}
+    for _, runs in e._families():
+        for run in runs:
+            for ref, head in zip(run.refs, run.pieces[1::5], strict=True):
+                heads.setdefault(dict(ref.labels).get("container_id"), set()).add(id(head))
+    heads.pop(None)  # (the series without a container)
+    assert len(heads) >= 8 and all(len(ids) == 1 for ids in heads.values())
+
+
+def test_serving_metrics_does_not_import_prometheus_client():
+    """The served agent's web app imports no prometheus-client (its import cost ~1.8 MB of RSS for a constant);
+    the library stays the tests' reference only."""
+    import subprocess
+    import sys
+
+    code = ("import sys; import cri_resmgr.web.app; import cri_resmgr.serve; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'prometheus_client'))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert r.stdout.strip() == "[]", r.stdout + r.stderr
+
+
+def test_label_text_of_containers_gone_is_let_go():
+    """Containers come and go (their series reclaimed by the store): the label parts the exposition keeps stay
+    bounded by those in use, not by every container ever seen, and what it renders stays right."""
+    s = Store(retention_seconds=4)
+    e = Exposition(s)
+    for gen in range(40):
+        s.append("cg", 1000.0 + gen, [Sample(M.CONTAINER_CPU_USAGE.name, {"container_id": f"g{gen}-{k}"}, 1.0)
+                                      for k in range(100)], 1.0)
+        assert e.render() == _uncached_render(s, lambda: ())
+    live = {dict(r.labels)["container_id"] for refs in s.series_by_metric().values() for r in refs}
+    assert len(live) < 1000
+    held = len(e._labels._heads)
+    assert held <= 2 * len(live) + 1024 < 4000, (held, len(live))

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import threading
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
@@ -41,6 +41,44 @@ class LabelMatcher(Protocol):
 
 def labels_key(labels: Mapping[str, str]) -> Labels:
     return tuple(sorted((k, str(v)) for k, v in labels.items()))
+
+
+class LabelSet(Mapping[str, str]):
+    """A label set as the store keys it (sorted ``(name, value)`` pairs, values as text), read as a mapping: what a
+    collector hands the store for series it keeps for long, instead of a dict per series. The store interns the
+    pairs when it first sees the set (:meth:`Store.append_columns`, :meth:`Store.append`) and the set then holds
+    the store's own tuple, so the labels are held once: a container's six PSI series took a dict of eight labels
+    each (272 bytes) besides the store's tuple."""
+
+    __slots__ = ("_pairs",)
+
+    def __init__(self, labels: Mapping[str, str]) -> None:
+        self._pairs: Labels = labels_key(labels)
+
+    @property
+    def pairs(self) -> Labels:
+        return self._pairs
+
+    def share(self, pairs: Labels) -> None:
+        """Hold ``pairs`` (the store's interned tuple, equal to this set's) instead of this set's own copy."""
+        if pairs != self._pairs:
+            raise ValueError(f"{pairs!r} is not the label set {self._pairs!r}")
+        self._pairs = pairs
+
+    def __getitem__(self, name: str) -> str:
+        for k, v in self._pairs:
+            if k == name:
+                return v
+        raise KeyError(name)
+
+    def __iter__(self) -> Iterator[str]:
+        return (k for k, _ in self._pairs)
+
+    def __len__(self) -> int:
+        return len(self._pairs)
+
+    def __repr__(self) -> str:
+        return f"LabelSet({dict(self._pairs)!r})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -499,9 +537,10 @@ def merge_blocks(blocks: Sequence[Block], ncols: int) -> Block:
 BLOCK_ROWS = 256  # rows per sealed block; the newest rows (up to this many) stay uncompressed
 # A wide table (a high-cardinality source: 1,000 containers × 13 series) seals sooner, so that its hot block
 # stays near HOT_BLOCK_BYTES instead of 256 rows × 8 bytes per series: at 13 k series that is 27 MB of
-# uncompressed float64 against ~2 MB. Never fewer than MIN_BLOCK_ROWS rows: the small blocks are merged (below),
-# but until then each costs ~19 bytes per column (first value, group, position).
-HOT_BLOCK_BYTES = 2 << 20
+# uncompressed float64 against ~1 MB (docs/hardware-collectors.md, "Agent memory at 1,000 containers": RSS with
+# 2 MB and 1 MB). Never fewer than MIN_BLOCK_ROWS rows: the small blocks are merged (below), but until then each
+# costs ~19 bytes per column (first value, group, position).
+HOT_BLOCK_BYTES = 1 << 20
 MIN_BLOCK_ROWS = 16
 # ... and its sealed blocks are merged, once enough of them follow each other, into one of up to BLOCK_ROWS rows
 # (:func:`merge_blocks`): the per-column cost of a block is then paid once per up to 256 rows, not per 16 or 32.
@@ -956,21 +995,34 @@ class Store:
         self._series = 0
         self._lock = threading.RLock()
         # Label pairs shared by every series key that holds them: ("namespace", "default") once, not once per
-        # series (at 20 k series the index took ~1.7 KB a series, most of it copies of the same pairs).
+        # series (at 20 k series the index took ~1.7 KB a series, most of it copies of the same pairs); and whole
+        # label sets shared by every series that has one (a container's 13 metrics, their blocks' keys and index
+        # entries hold one tuple, not 13).
         self._pairs: dict[tuple[str, str], tuple[str, str]] = {}
+        self._label_sets: dict[Labels, Labels] = {}
         self._plans: dict[str, _ColumnPlan] = {}  # per table, for append_columns
         self.index_version = 0  # bumped whenever a series enters or leaves the index (readers cache by it)
 
     def _labels_key(self, labels: Mapping[str, str]) -> Labels:
-        """:func:`labels_key` with its pairs interned."""
+        """:func:`labels_key` interned: the store's one tuple for this label set, made of its shared pairs (which a
+        :class:`LabelSet` then holds too)."""
+        if max(len(self._pairs), len(self._label_sets)) > max(_PAIRS_KEEP, 4 * self._series):  # churn: start again
+            self._pairs.clear()
+            self._label_sets.clear()
+        if type(labels) is LabelSet:
+            lk = self._label_sets.get(labels.pairs) or self._intern(labels.pairs)
+            labels.share(lk)
+            return lk
         pairs = self._pairs
-        if len(pairs) > max(_PAIRS_KEEP, 4 * self._series):  # churn left mostly dead pairs: start again
-            pairs.clear()
-        return tuple(sorted(pairs.setdefault(p, p) for p in ((k, str(v)) for k, v in labels.items())))
+        lk = tuple(sorted(pairs.setdefault(p, p) for p in ((k, str(v)) for k, v in labels.items())))
+        return self._intern_set(lk)
 
     def _intern(self, lk: Labels) -> Labels:
         pairs = self._pairs
-        return tuple(pairs.setdefault(p, p) for p in lk)
+        return self._intern_set(tuple(pairs.setdefault(p, p) for p in lk))
+
+    def _intern_set(self, lk: Labels) -> Labels:
+        return self._label_sets.setdefault(lk, lk)
 
     # -- writing -----------------------------------------------------------------------------------
     def table(self, name: str, interval_seconds: float) -> Table:
@@ -1200,6 +1252,7 @@ class Store:
             self._plans.clear()
             self.index_version += 1
             self._pairs.clear()
+            self._label_sets.clear()
             self._series = 0
 
     def _refuse(self, key: tuple[str, Labels]) -> None:

@@ -11,12 +11,11 @@ from typing import Annotated, Any
 import numpy as np
 from fastapi import Depends, FastAPI, Header, HTTPException, Query, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
-from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel
 
 from .. import __version__
 from .. import metrics as M
-from ..export.exposition import Exposition
+from ..export.exposition import CONTENT_TYPE, Exposition
 from ..export.relay_metrics import RelayMetrics
 from ..store import QueryError, heatmap, query_range
 from ..store.query import AGGS, HEATMAP_BY, MAX_RESPONSE_POINTS
@@ -263,7 +262,7 @@ def create_app(agent, check_host: bool = False) -> FastAPI:
 
     @app.get("/metrics", include_in_schema=False)
     def metrics() -> Response:
-        return Response(exposition.render() + relay_metrics.text(), media_type=CONTENT_TYPE_LATEST)
+        return Response(exposition.render() + relay_metrics.text(), media_type=CONTENT_TYPE)
 
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:  # on the event loop: no thread hand-off, answers under load
