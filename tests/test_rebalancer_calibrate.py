@@ -30,10 +30,12 @@ from cri_resmgr.rebalancer.calibrate import (
     SliceResult,
     disturbance,
     fit_capacity,
+    fit_capacity_to_slowdown,
     median_interval,
     parse_cpu_ticks,
     pool,
     predict,
+    predict_bursts,
     summarise,
     together,
     trimmed_mean,
@@ -99,18 +101,32 @@ def test_a_throttled_hog_streams_about_its_duty_of_the_time():
 CALM = Disturbance()
 
 
-def _round(pa, ha, pk, pb, hb, ht=None, pt=None, htb=None, h0=None, d=CALM):
+def _round(pa, ha, pk, pb, hb, ht=None, pt=None, htb=None, h0=None, ht2=None, pt2=None, ht2b=None, share=0.5,
+           share2=0.75, d=CALM):
     """GB/s: probe alone, hog alone, peak, probe beside hog, hog beside probe, the throttled hog's three (by
-    default half the hog's load and a probe between alone and beside the full hog), and the peak's first hog
-    alone (by default as the probe)."""
-    ht = ha / 2 if ht is None else ht
+    default 0.45 of the hog's load and a probe between alone and beside the full hog), the peak's first hog
+    alone (by default as the probe), the second throttled hog's three (by default 0.7 of the hog's load), and the
+    throttled hogs' stream shares."""
+    ht = 0.45 * ha if ht is None else ht
     pt = (pa + pb) / 2 if pt is None else pt
     htb = ht if htb is None else htb
     h0 = pa if h0 is None else h0
-    return Round(pa * GB, ha * GB, pk * GB, pb * GB, hb * GB, ht * GB, pt * GB, htb * GB, h0 * GB, d)
+    ht2 = 0.7 * ha if ht2 is None else ht2
+    pt2 = (pa + 3 * pb) / 4 if pt2 is None else pt2
+    ht2b = ht2 if ht2b is None else ht2b
+    return Round(pa * GB, ha * GB, pk * GB, pb * GB, hb * GB, ht * GB, pt * GB, htb * GB, h0 * GB, ht2 * GB,
+                 pt2 * GB, ht2b * GB, share, share2, d)
 
 
 BUSY = Disturbance(loader_share_lost=0.5)  # a hog descheduled half its slice
+
+# The curve's predictions at fixed inputs, computed outside the code under test: q(ρ) = 1 + 0.5 ρ + 8.3e-4 ρ / (1 − ρ)
+# written out in Python's decimal module at 50 digits, ρ_beside solved by bisection of ρ q(ρ) = (B_p q(B_p / C)
+# + B_h q(B_h / C)) / C, slowdown q(ρ_beside) / q(B_p / C) − 1; the time average 1 / ((1 − s) + s / (1 + full)) − 1.
+FULL_15_16_AT_500 = 0.0153448232061587  # B_p 15, B_h 16, C 500 GB/s
+BURSTS_HALF_AT_500 = 0.0076139939078748  # the same hog streaming half its time
+FULL_15_16_AT_100 = 0.0659905622395905  # C 100 GB/s
+BURSTS_THREE_QUARTERS_AT_100 = 0.0486896572159593  # streaming three quarters of its time
 
 
 def test_together_on_a_huge_capacity_delivers_what_the_streams_draw_alone_and_less_on_a_small_one():
@@ -140,82 +156,136 @@ def test_fit_capacity_reproduces_the_delivered_total_and_less_loss_means_more_ca
     assert 0 < predict(15 * GB, 8 * GB, c) < predict(15 * GB, 16 * GB, c)  # less load, less slowdown
 
 
-def test_summary_fits_the_capacity_to_the_peak_and_predicts_both_points_without_their_beside_phases():
-    rounds = [_round(15, 16, 30, 14.6, 15.5, 7, 14.9), _round(16, 17, 32, 15.4, 16.4, 7.5, 15.8),
-              _round(14, 15, 28, 13.7, 14.6, 6.5, 13.9)]
+def test_predictions_at_fixed_inputs_match_the_curve_computed_independently():
+    assert predict(15 * GB, 16 * GB, 500 * GB) == pytest.approx(FULL_15_16_AT_500, rel=1e-9)
+    assert predict(15 * GB, 16 * GB, 100 * GB) == pytest.approx(FULL_15_16_AT_100, rel=1e-9)
+    assert predict_bursts(15 * GB, 16 * GB, 0.5, 500 * GB) == pytest.approx(BURSTS_HALF_AT_500, rel=1e-9)
+    assert predict_bursts(15 * GB, 16 * GB, 0.75, 100 * GB) == pytest.approx(BURSTS_THREE_QUARTERS_AT_100, rel=1e-9)
+    # The time average by hand: streaming half the time beside a hog that slows the probe by 2 %, the probe moves
+    # 0.5 + 0.5 / 1.02 of its alone bytes, a slowdown of 1 / 0.990196 − 1 = 0.01 / 1.01.
+    assert predict_bursts(15 * GB, 16 * GB, 1.0, 500 * GB) == pytest.approx(FULL_15_16_AT_500, rel=1e-12)
+    assert predict_bursts(15 * GB, 16 * GB, 0.0, 500 * GB) == 0.0
+    assert predict_bursts(15 * GB, 16 * GB, 0.5, None) == 0.0
+    # The capacity fitted to a slowdown is the one that predicts it.
+    assert fit_capacity_to_slowdown(15 * GB, 16 * GB, FULL_15_16_AT_500) == pytest.approx(500 * GB, rel=1e-9)
+    assert fit_capacity_to_slowdown(15 * GB, 16 * GB, FULL_15_16_AT_100) == pytest.approx(100 * GB, rel=1e-9)
+    assert fit_capacity_to_slowdown(15 * GB, 16 * GB, 0.0) is None
+
+
+def _slowed(pa: float, s: float) -> float:
+    """The probe's rate beside a hog that slows it by ``s``."""
+    return pa / (1 + s)
+
+
+def test_summary_fits_the_capacity_to_the_full_hog_and_predicts_the_held_out_points_with_bursts():
+    # Every round: the probe slowed by exactly the curve's slowdown at 500 GB/s beside the full hog, so the fit
+    # is 500 GB/s; the throttled hogs stream 0.5 and 0.75 of their time.
+    rounds = [_round(15, 16, 30.5, _slowed(15, FULL_15_16_AT_500), 15.7, ht=7.0, pt=14.9, ht2=11.5, pt2=14.8,
+                     share=0.5, share2=0.75)] * 3
+    c = summarise((0, 1), [0, 1], 64, rounds, 0.2, weight=4.0, min_clean=3, duty=0.5, second_duty=0.75)
+    assert (c.probe_alone_bytes_per_second, c.hog_alone_bytes_per_second) == (15 * GB, 16 * GB)
+    assert c.fitted_capacity_bytes_per_second == pytest.approx(500 * GB, rel=1e-9)
+    assert c.full.measured_slowdown == pytest.approx(FULL_15_16_AT_500)
+    t, t2 = c.throttled, c.second_throttled
+    assert (t.hog_duty, t.hog_stream_share, t2.hog_duty, t2.hog_stream_share) == (0.5, 0.5, 0.75, 0.75)
+    assert t.predicted_slowdown == pytest.approx(BURSTS_HALF_AT_500, rel=1e-6)
+    assert t.measured_slowdown == pytest.approx(15 / 14.9 - 1) and t2.measured_slowdown == pytest.approx(15 / 14.8 - 1)
+    # 15 / 14.9 − 1 = 0.006711; predicted 0.007614: +13.4 %, within ±25 %, not inside a one-value interval.
+    assert t.relative_error == pytest.approx(0.0076139939 / 0.0067114094 - 1, rel=1e-6)
+    assert t.within_tolerance and not t.predicted_inside_measured_interval
+    # The second point at 0.75 of 0.015345 averaged over time: 1 / (0.25 + 0.75 / 1.015345) − 1 = 0.011465 against
+    # 15 / 14.8 − 1 = 0.013514: −15.2 %.
+    assert t2.predicted_slowdown == pytest.approx(0.0114646367, rel=1e-6)
+    assert t2.relative_error == pytest.approx(0.0114646367 / 0.0135135135 - 1, rel=1e-6)
+    assert c.within_tolerance and c.verdict == "within ±25%" and c.conclusive
+    # The former reading, the throttled hog as its mean load (7 GB/s), is the curve at 15 and 7.
+    assert t.predicted_slowdown_mean_load == pytest.approx(predict(15 * GB, 7 * GB, 500 * GB))
+    assert t.predicted_slowdown_mean_load < t.predicted_slowdown
+    assert c.memory_bandwidth_cost_per_second == pytest.approx(4.0 * float(bwc.QUEUEING(31 / 500)), rel=1e-6)
+    # What is checked enters neither the fit nor a prediction: other throttled beside phases, same predictions.
+    other = summarise((0, 1), [0, 1], 64, [_round(15, 16, 30.5, _slowed(15, FULL_15_16_AT_500), 15.7, ht=7.0,
+                                                  pt=12.0, ht2=11.5, pt2=11.0, htb=3.0, ht2b=4.0)] * 3,
+                      0.2, weight=4.0, min_clean=3)
+    assert other.fitted_capacity_bytes_per_second == c.fitted_capacity_bytes_per_second
+    assert other.throttled.predicted_slowdown == t.predicted_slowdown
+    assert other.second_throttled.predicted_slowdown == t2.predicted_slowdown
+    assert other.throttled.measured_slowdown != t.measured_slowdown
+    # A larger slowdown beside the full hog fits a smaller capacity and predicts more at both held-out points.
+    worse = summarise((0, 1), [0, 1], 64, [_round(15, 16, 30.5, _slowed(15, FULL_15_16_AT_100), 15.7)] * 3, 0.2,
+                      weight=4.0, min_clean=3)
+    assert worse.fitted_capacity_bytes_per_second == pytest.approx(100 * GB, rel=1e-9)
+    assert worse.throttled.predicted_slowdown > t.predicted_slowdown
+
+
+def test_held_out_points_outside_the_tolerance_give_the_verdict_outside():
+    # Measured 2 % at both throttled points, predicted 0.76 % and 1.15 %: −62 % and −43 %.
+    rounds = [_round(15, 16, 30.5, _slowed(15, FULL_15_16_AT_500), 15.7, pt=_slowed(15, 0.02),
+                     pt2=_slowed(15, 0.02))] * 3
     c = summarise((0, 1), [0, 1], 64, rounds, 0.2, weight=4.0, min_clean=3)
-    bp, bh, peak, bt = 15 * GB, 16 * GB, 30 * GB, 7 * GB  # medians over rounds
-    assert (c.probe_alone_bytes_per_second, c.hog_alone_bytes_per_second, c.peak_bytes_per_second) == (bp, bh, peak)
-    assert c.peak_lost_share == pytest.approx(1 / 31)
-    cap = fit_capacity([bp, bh], peak)
-    assert c.fitted_capacity_bytes_per_second == cap and together([bp, bh], cap)[0] == pytest.approx(peak)
-    assert c.peak_utilisation == pytest.approx(peak / cap)
-    assert c.full.predicted_slowdown == pytest.approx(predict(bp, bh, cap))
-    assert c.throttled.predicted_slowdown == pytest.approx(predict(bp, bt, cap))
-    assert c.throttled.offered_load == pytest.approx((bp + bt) / cap)
-    full = [15 / 14.6 - 1, 16 / 15.4 - 1, 14 / 13.7 - 1]
-    thr = [15 / 14.9 - 1, 16 / 15.8 - 1, 14 / 13.9 - 1]
-    assert c.full.measured_slowdown == pytest.approx(np.median(full))
-    assert c.throttled.measured_slowdown == pytest.approx(np.median(thr))
-    assert c.full.measured_slowdown_interval == (min(full), max(full))  # three values: the whole range
-    for v in (c.full, c.throttled):
-        assert v.error == pytest.approx(v.predicted_slowdown - v.measured_slowdown)
-        assert v.within_tolerance == (abs(v.error) <= 0.25 * v.measured_slowdown)
-        lo, hi = v.measured_slowdown_interval
-        assert v.predicted_inside_measured_interval == (lo <= v.predicted_slowdown <= hi)
-    assert c.within_tolerance == (c.full.within_tolerance and c.throttled.within_tolerance)
-    assert c.verdict == ("within ±25%" if c.within_tolerance else "outside ±25%") and c.conclusive
-    # The former readings, for comparison: the curve with C = the peak, and the hinge.
-    assert c.full.predicted_slowdown_capacity_is_peak == pytest.approx(predict(bp, bh, peak))
-    assert c.full.hinge_predicted_slowdown == pytest.approx((bp + bh) / peak - 1)
-    assert c.throttled.hinge_predicted_slowdown == 0.0
-    assert c.memory_bandwidth_cost_per_second == pytest.approx(4.0 * float(bwc.QUEUEING((bp + bh) / cap)))
-    # What is checked enters neither the fit nor a prediction: other beside phases, same fit and predictions.
-    other = summarise((0, 1), [0, 1], 64, [_round(15, 16, 30, 9, 9, 7, 11), _round(16, 17, 32, 9, 9, 7.5, 11),
-                                           _round(14, 15, 28, 9, 9, 6.5, 11)], 0.2, weight=4.0, min_clean=3)
-    assert other.fitted_capacity_bytes_per_second == cap
-    assert other.full.predicted_slowdown == c.full.predicted_slowdown
-    assert other.throttled.predicted_slowdown == c.throttled.predicted_slowdown
-    assert other.full.measured_slowdown != c.full.measured_slowdown
-    # A peak that lost more fits a smaller capacity and predicts more slowdown at both points.
-    worse = summarise((0, 1), [0, 1], 64, [_round(15, 16, 27, 14, 15)] * 3, 0.2, weight=4.0, min_clean=3)
-    assert worse.fitted_capacity_bytes_per_second < cap
-    assert worse.full.predicted_slowdown > c.full.predicted_slowdown
+    assert c.throttled.relative_error == pytest.approx(BURSTS_HALF_AT_500 / 0.02 - 1, rel=1e-6)
+    assert not c.throttled.within_tolerance and not c.second_throttled.within_tolerance
+    assert not c.within_tolerance and c.verdict == "outside ±25%"
 
 
-def test_the_fit_counts_each_peak_stream_at_what_it_draws_alone_on_its_cpu():
-    # The first hog (on the probe's CPU) as measured alone, not the probe: 15.5 GB/s.
-    c = summarise((0, 1), [0, 1], 64, [_round(15, 16, 31, 14, 15, h0=15.5)] * 3, 0.2, weight=4.0, min_clean=3)
-    assert c.first_hog_alone_bytes_per_second == 15.5 * GB
-    assert c.fitted_capacity_bytes_per_second == pytest.approx(fit_capacity([15.5 * GB, 16 * GB], 31 * GB))
-    assert c.peak_lost_share == pytest.approx(1 - 31 / 31.5)
+def test_the_peak_fit_is_reported_beside_with_its_own_capacity_and_predictions():
+    rounds = [_round(15, 16, 30.5, _slowed(15, FULL_15_16_AT_500), 15.7, pt=14.9, pt2=14.8, h0=15.5)] * 3
+    c = summarise((0, 1), [0, 1], 64, rounds, 0.2, weight=4.0, min_clean=3)
+    pf = c.peak_fit
+    # The peak phase lost 1 − 30.5 / (15.5 + 16) = 3.17 %; its capacity makes the pair deliver 30.5.
+    assert pf.peak_lost_share == pytest.approx(1 - 30.5 / 31.5)
+    assert pf.first_hog_alone_bytes_per_second == 15.5 * GB and pf.peak_bytes_per_second == 30.5 * GB
+    cap = fit_capacity([15.5 * GB, 16 * GB], 30.5 * GB)
+    assert pf.fitted_capacity_bytes_per_second == pytest.approx(cap)
+    assert together([15.5 * GB, 16 * GB], cap)[0] == pytest.approx(30.5 * GB)
+    assert pf.peak_utilisation == pytest.approx(30.5 * GB / cap)
+    assert pf.full_predicted_slowdown == pytest.approx(predict(15 * GB, 16 * GB, cap))
+    assert pf.full_relative_error == pytest.approx(pf.full_predicted_slowdown / FULL_15_16_AT_500 - 1)
+    assert pf.throttled_predicted_slowdown == pytest.approx(predict_bursts(15 * GB, 16 * GB, 0.5, cap))
+    assert pf.second_throttled_relative_error == pytest.approx(
+        predict_bursts(15 * GB, 16 * GB, 0.75, cap) / (15 / 14.8 - 1) - 1)
+    # It is not the verdict: the main fit is still the full hog's 500 GB/s.
+    assert c.fitted_capacity_bytes_per_second == pytest.approx(500 * GB, rel=1e-9)
     # Four peak workers: the first as measured alone, the three others as the hog alone.
     c = summarise((0, 1), [0, 1, 2, 3], 64, [_round(15, 16, 55, 14, 15, h0=14)] * 3, 0.2, weight=4.0, min_clean=3)
-    assert c.fitted_capacity_bytes_per_second == pytest.approx(fit_capacity([14 * GB] + [16 * GB] * 3, 55 * GB))
-    assert c.peak_lost_share == pytest.approx(1 - 55 / 62)
+    assert c.peak_fit.fitted_capacity_bytes_per_second == pytest.approx(
+        fit_capacity([14 * GB] + [16 * GB] * 3, 55 * GB))
+    assert c.peak_fit.peak_lost_share == pytest.approx(1 - 55 / 62)
 
 
-def test_a_peak_that_lost_nothing_fits_no_capacity_and_predicts_no_slowdown():
-    c = summarise((0, 1), [0, 1], 64, [_round(15, 16, 31.5, 14.8, 15.8)] * 3, 0.2, weight=4.0, min_clean=3)
-    assert c.fitted_capacity_bytes_per_second is None and c.peak_utilisation is None
+def test_a_probe_that_lost_nothing_beside_the_full_hog_fits_no_capacity_and_predicts_no_slowdown():
+    c = summarise((0, 1), [0, 1], 64, [_round(15, 16, 31, 15, 16, pt=14.9, pt2=14.9)] * 3, 0.2, weight=4.0,
+                  min_clean=3)
+    assert c.fitted_capacity_bytes_per_second is None
     assert c.fitted_capacity_interval == (math.inf, math.inf)
-    assert c.full.predicted_slowdown == 0.0 and c.throttled.predicted_slowdown == 0.0
-    assert not c.within_tolerance and "no loss to fit" in c.verdict
+    assert c.throttled.predicted_slowdown == 0.0 and c.second_throttled.predicted_slowdown == 0.0
+    assert not c.within_tolerance and "no slowdown to fit" in c.verdict
+    assert c.peak_fit.fitted_capacity_bytes_per_second is None  # the peak lost nothing either (31 of 15 + 16)
 
 
 def test_disturbed_rounds_are_left_out_of_the_measurement_and_of_the_prediction():
     good = [_round(14, 16, 27, 12, 15), _round(15, 17, 26, 11, 14), _round(13, 15, 28, 12, 16)]
-    # Disturbed rounds with other figures for every phase: none of them may move any figure.
-    bad = [_round(9, 30, 20, 14, 6, 3, 4, 2, 7, d=d) for d in (
-        BUSY, Disturbance(foreign_share=0.3), Disturbance(hog_covered_probe=False),
-        Disturbance(loader_share_lost=MAX_DISTURBANCE + 0.01))]
+    # Disturbed rounds with other figures for every phase: none of them may move any measured figure.
+    bad = [_round(9, 30, 20, 14, 6, 3, 4, 2, 7, 5, 8, 4, 0.3, 0.9, d=d) for d in (
+        BUSY, Disturbance(hog_covered_probe=False), Disturbance(loader_share_lost=MAX_DISTURBANCE + 0.01))]
     c = summarise((0, 1), [0, 1], 64, bad[:2] + good + bad[2:], 0.2, weight=4.0, min_clean=3)
-    assert c.clean_rounds == [2, 3, 4] and len(c.rounds) == 7
+    assert c.clean_rounds == [2, 3, 4] and len(c.rounds) == 6
     keep = {"rounds": None, "clean_rounds": None}
     assert c.as_dict() | keep == summarise((0, 1), [0, 1], 64, good, 0.2, weight=4.0, min_clean=3).as_dict() | keep
-    # At the threshold a round still counts; steal alone does not disturb (it is outside the workers' CPU time).
-    edge = _round(14, 16, 27, 12, 15, d=Disturbance(loader_share_lost=MAX_DISTURBANCE, steal_share=0.5))
+    # At the threshold a round still counts; others' time on the measured worker (foreign) and steal do not
+    # disturb (its bandwidth is over its own CPU time), they are reported.
+    edge = _round(14, 16, 27, 12, 15, d=Disturbance(loader_share_lost=MAX_DISTURBANCE, foreign_share=0.4,
+                                                    steal_share=0.3))
     assert edge.clean
+
+
+def test_foreign_share_is_reported_over_every_round_clean_or_not():
+    ds = [Disturbance(foreign_share=f, steal_share=f / 2) for f in (0.01, 0.02, 0.03)] + [
+        Disturbance(loader_share_lost=0.5, foreign_share=0.5, steal_share=0.2)]
+    c = summarise((0, 1), [0, 1], 64, [_round(14, 16, 27, 12, 15, d=d) for d in ds], 0.2, weight=4.0, min_clean=3)
+    assert c.clean_rounds == [0, 1, 2]
+    assert c.foreign_share == pytest.approx(0.025)  # the median of 0.01, 0.02, 0.03 and 0.5
+    assert c.foreign_share_max == 0.5
+    assert c.steal_share == pytest.approx(0.0125)  # the median of 0.005, 0.01, 0.015 and 0.2
 
 
 def test_without_enough_clean_rounds_there_is_no_measured_figure():
@@ -223,8 +293,8 @@ def test_without_enough_clean_rounds_there_is_no_measured_figure():
     c = summarise((0, 1), [0, 1], 64, good + [_round(9, 30, 20, 14, 6, d=BUSY)] * 40, 0.2, weight=4.0)
     assert not c.conclusive and c.verdict == f"not enough clean rounds: {MIN_CLEAN_ROUNDS - 1} of " \
                                              f"{MIN_CLEAN_ROUNDS + 39} (need {MIN_CLEAN_ROUNDS})"
-    assert c.full is None and c.throttled is None and c.within_tolerance is None
-    assert c.fitted_capacity_bytes_per_second is None
+    assert c.full is None and c.throttled is None and c.second_throttled is None and c.within_tolerance is None
+    assert c.fitted_capacity_bytes_per_second is None and c.peak_fit is None
     assert len(c.rounds) == MIN_CLEAN_ROUNDS + 39  # every round is still in the report
     # One more clean round and it measures (no fallback to disturbed rounds either way).
     assert summarise((0, 1), [0, 1], 64, good * 2, 0.2, weight=4.0).conclusive
@@ -237,6 +307,8 @@ def test_summary_without_a_measured_phase_is_an_error():
         summarise((0, 1), [0, 1], 64, [_round(10, 0, 40, 9, 9)], 0.2, weight=4.0, min_clean=1)
     with pytest.raises(CalibrationError):
         summarise((0, 1), [0, 1], 64, [_round(10, 10, 19, 9, 9, 5, 0)], 0.2, weight=4.0, min_clean=1)
+    with pytest.raises(CalibrationError):
+        summarise((0, 1), [0, 1], 64, [_round(10, 10, 19, 9, 9, pt2=0)], 0.2, weight=4.0, min_clean=1)
 
 
 def test_median_interval_is_the_sign_test_interval():
@@ -270,11 +342,10 @@ intr 123 0 0
 """
 
 
-def test_parse_cpu_ticks_reads_busy_and_steal_per_cpu():
+def test_parse_cpu_ticks_reads_steal_per_cpu():
     t = parse_cpu_ticks(STAT)
     assert set(t) == {0, 1}  # the total line, a short line and a malformed one are skipped
-    assert t[0] == CpuTicks(busy=349968 + 432577 + 285564 + 0 + 1515, steal=90663)
-    assert t[1] == CpuTicks(busy=515872 + 481893 + 298648 + 3 + 24569, steal=93746)  # guest is inside user
+    assert t == {0: CpuTicks(steal=90663), 1: CpuTicks(steal=93746)}
     assert parse_cpu_ticks("") == {}
 
 
@@ -282,34 +353,53 @@ def _slice(cpu: int, cpu_seconds: float, wall: float = 0.2) -> SliceResult:
     return SliceResult("hog", cpu, 10**9, cpu_seconds, wall, [cpu], 0.0, wall)
 
 
-def test_disturbance_counts_loaders_and_idle_cpus_not_a_workers_own_lost_time():
-    before = {0: CpuTicks(100, 10), 1: CpuTicks(200, 20)}
-    # The probe on CPU 0 lost half its slice (its bandwidth is over its own CPU time: no disturbance); CPU 1,
-    # which should have been idle, ran 4 ticks of something else in 0.2 s at 100 Hz: 20 %.
-    d = disturbance([_slice(0, 0.1)], [], before, {0: CpuTicks(110, 15), 1: CpuTicks(204, 20)}, 0.2, 100.0, [1])
-    assert d == Disturbance(loader_share_lost=0.0, foreign_share=pytest.approx(0.2), steal_share=pytest.approx(0.25))
-    assert d.share == pytest.approx(0.2)
-    # A loader (the hog beside the probe) that ran 70 % of its slice is a disturbance of 30 %.
-    d = disturbance([_slice(1, 0.14), _slice(0, 0.2)], [0], before, before, 0.2, 100.0, [])
-    assert d.loader_share_lost == pytest.approx(0.3) and d.foreign_share == 0.0
-    # No /proc/stat: only the loaders are checked.
-    assert disturbance([_slice(1, 0.2)], [0], {}, {}, 0.2, 100.0, [0]) == Disturbance()
+def test_disturbance_counts_loaders_not_the_measured_workers_own_lost_time_and_reports_foreign_time():
+    before = {0: CpuTicks(10), 1: CpuTicks(20)}
+    # The probe on CPU 0 lost half its slice (its bandwidth is over its own CPU time: no disturbance, but foreign
+    # time reported: 50 %); its CPU had 5 ticks of steal in 0.2 s at 100 Hz: 25 %. The spinner on CPU 1 ran.
+    d = disturbance([_slice(0, 0.1), _slice(1, 0.2)], [1], before, {0: CpuTicks(15), 1: CpuTicks(20)}, 0.2, 100.0)
+    assert d == Disturbance(loader_share_lost=0.0, foreign_share=pytest.approx(0.5), steal_share=pytest.approx(0.25))
+    assert d.share == 0.0
+    # A loader (the hog beside the probe, or a spinner) that ran 70 % of its slice is a disturbance of 30 %.
+    d = disturbance([_slice(1, 0.14), _slice(0, 0.2)], [0], before, before, 0.2, 100.0)
+    assert d.loader_share_lost == pytest.approx(0.3) and d.foreign_share == pytest.approx(0.3)
+    assert d.share == d.loader_share_lost
+    # No /proc/stat: no steal figure, the workers' own lost time still shows.
+    assert disturbance([_slice(1, 0.2)], [0], {}, {}, 0.2, 100.0) == Disturbance()
     worst = Disturbance.worst([Disturbance(0.05, 0.0, 0.1), Disturbance(0.0, 0.2, 0.0, hog_covered_probe=False)])
     assert worst == Disturbance(0.05, 0.2, 0.1, False) and worst.share == 1.0
+
+
+def test_a_spinner_keeps_its_cpu_busy_without_moving_memory():
+    cpu = max(os.sched_getaffinity(0))
+    p = _worker("hog", cpu, 32, "read")
+    try:
+        assert p.stdout.readline().strip() == "ready"
+        t = time.time() + 0.05
+        p.stdin.write(f"{t} {t + 0.2} 0\n")
+        p.stdin.flush()
+        r = SliceResult(**json.loads(p.stdout.readline()))
+        assert r.bytes == 0 and r.stream_seconds == 0.0 and r.stream_share == 0.0
+        assert r.cpu_seconds > 0.1  # it spins: its CPU stays busy
+    finally:
+        p.stdin.close()
+        assert p.wait(timeout=30) == 0
 
 
 @needs_two_cpus
 def test_calibrate_measures_hog_beside_probe_and_reports_the_prediction_or_says_it_could_not():
     out = subprocess.run([sys.executable, "-m", "cri_resmgr.cli", "rebalance", "--calibrate", "--seconds", "3",
-                          "--array-mib", "128"], capture_output=True, text=True, timeout=300, check=False)
+                          "--array-mib", "128", "--second-hog-duty", "0.7"], capture_output=True, text=True,
+                         timeout=300, check=False)
     r = json.loads(out.stdout, parse_constant=lambda c: pytest.fail(f"non-JSON constant {c}"))
     a, b = r["cpus"]
     assert a != b and r["peak_cpus"][:2] == [a, b] and r["hog"] == "read"
+    assert (r["throttle_duty"], r["second_throttle_duty"]) == (0.5, 0.7)
     wanted = round(3 / r["slice_seconds"])
-    clean = [i for i, x in enumerate(r["rounds"]) if max(x["disturbance"]["loader_share_lost"],
-                                                         x["disturbance"]["foreign_share"]) <= MAX_DISTURBANCE
+    clean = [i for i, x in enumerate(r["rounds"]) if x["disturbance"]["loader_share_lost"] <= MAX_DISTURBANCE
              and x["disturbance"]["hog_covered_probe"]]
     assert r["clean_rounds"] == clean
+    assert 0.0 <= r["foreign_share"] <= r["foreign_share_max"] <= 1.0
     # It stops at the wanted number of clean rounds, or at four times as many rounds.
     assert len(clean) == wanted or (len(clean) < wanted and len(r["rounds"]) == 4 * wanted)
     if len(clean) < MIN_CLEAN_ROUNDS:
@@ -318,39 +408,36 @@ def test_calibrate_measures_hog_beside_probe_and_reports_the_prediction_or_says_
         return
     assert out.returncode == 0, out.stderr
     used = [r["rounds"][i] for i in clean]
-    assert r["throttle_duty"] == 0.5
-    for k in ("probe_alone_bytes_per_second", "hog_alone_bytes_per_second", "peak_bytes_per_second",
-              "first_hog_alone_bytes_per_second"):
+    for k in ("probe_alone_bytes_per_second", "hog_alone_bytes_per_second"):
         assert r[k] > 1e8, (k, r)
         assert r[k] == pytest.approx(np.median([x[k] for x in used]))
     bp, bh = r["probe_alone_bytes_per_second"], r["hog_alone_bytes_per_second"]
     cap = r["fitted_capacity_bytes_per_second"]
-    n = len(r["peak_cpus"])
-    alone = [r["first_hog_alone_bytes_per_second"]] + [bh] * (n - 1)
-    # The loss is paired within each round: the median of the rounds' own 1 − peak / Σ alone.
-    lost = np.median([1 - x["peak_bytes_per_second"] / (x["first_hog_alone_bytes_per_second"]
-                                                         + (n - 1) * x["hog_alone_bytes_per_second"]) for x in used])
-    assert r["peak_lost_share"] == pytest.approx(lost)
-    expected = fit_capacity(alone, (1 - lost) * sum(alone))
-    assert cap == expected or cap == pytest.approx(expected)
-    for name, hog in (("full", ""), ("throttled", "throttled_")):
+    slow = [x["probe_alone_bytes_per_second"] / x["probe_beside_hog_bytes_per_second"] - 1 for x in used]
+    assert r["full"]["measured_slowdown"] == pytest.approx(np.median(slow))
+    if cap is not None:  # the fit reproduces the measured slowdown beside the full hog
+        assert predict(bp, bh, cap) == pytest.approx(r["full"]["measured_slowdown"], rel=1e-6)
+    for name, hog, duty in (("throttled", "throttled_", 0.5), ("second_throttled", "second_throttled_", 0.7)):
         v = r[name]
         bt = np.median([x[f"{hog}hog_alone_bytes_per_second"] for x in used])
-        assert v["hog_alone_bytes_per_second"] == pytest.approx(bt) and bt > 1e8
+        assert v["hog_alone_bytes_per_second"] == pytest.approx(bt) and 1e8 < bt < 0.9 * bh
+        share = np.median([x[f"{hog}hog_stream_share"] for x in used])
+        assert v["hog_stream_share"] == pytest.approx(share) and duty - 0.15 < share <= duty + 0.05
         slow = [x["probe_alone_bytes_per_second"] / x[f"probe_beside_{hog}hog_bytes_per_second"] - 1 for x in used]
         assert v["measured_slowdown"] == pytest.approx(np.median(slow))
         lo, hi = v["measured_slowdown_interval"]
         assert lo <= v["measured_slowdown"] <= hi
-        assert v["predicted_slowdown"] == pytest.approx(predict(bp, bt, cap))
+        assert v["predicted_slowdown"] == pytest.approx(predict_bursts(bp, bh, share, cap))
         assert v["error"] == pytest.approx(v["predicted_slowdown"] - v["measured_slowdown"])
         assert v["within_tolerance"] == (abs(v["error"]) <= 0.25 * abs(v["measured_slowdown"]))
-    # The throttled hog offers less than the full one.
-    assert r["throttled"]["hog_alone_bytes_per_second"] < 0.8 * bh
-    assert r["within_tolerance"] == (r["full"]["within_tolerance"] and r["throttled"]["within_tolerance"])
+    assert r["within_tolerance"] == (r["throttled"]["within_tolerance"]
+                                     and r["second_throttled"]["within_tolerance"])
+    assert r["peak_fit"]["peak_bytes_per_second"] > bp
 
 
 def test_calibrate_rejects_bad_arguments_with_exit_2():
-    for args in (["--seconds", "0"], ["--seconds", "2"], ["--hog", "spin"], ["--hog-duty", "1"]):
+    for args in (["--seconds", "0"], ["--seconds", "2"], ["--hog", "spin"], ["--hog-duty", "1"],
+                 ["--second-hog-duty", "0"]):
         out = subprocess.run([sys.executable, "-m", "cri_resmgr.cli", "rebalance", "--calibrate", *args],
                              capture_output=True, text=True, timeout=60, check=False)
         assert out.returncode == 2 and args[0] in out.stderr, (args, out.stderr)
@@ -363,7 +450,7 @@ def _report(rounds, **settings) -> dict:
 
 
 def test_pooled_reports_are_summarised_over_all_their_rounds():
-    a = [_round(15, 16, 30, 14.6, 15.5, 7, 14.9), _round(16, 17, 32, 15.4, 16.4, 7.5, 15.8),
+    a = [_round(15, 16, 30, 14.6, 15.5, 7, 14.9, share=0.48), _round(16, 17, 32, 15.4, 16.4, 7.5, 15.8),
          _round(14, 15, 28, 13.7, 14.6, 6.5, 13.9, d=BUSY)]
     b = [_round(15.5, 16, 31, 15, 15.5, 7, 15.3, h0=15.2), _round(15, 16.5, 31, 14.5, 16, 7.2, 14.8),
          _round(15, 16, 31, 14.6, 15.7, 7.1, 14.9)]
@@ -377,6 +464,8 @@ def test_pooling_reports_of_other_settings_or_no_report_is_an_error():
     rounds = [_round(15, 16, 30, 14.6, 15.5)] * 3
     with pytest.raises(CalibrationError, match="throttle_duty"):
         pool([_report(rounds), _report(rounds, throttle_duty=0.25)], weight=4.0)
+    with pytest.raises(CalibrationError, match="second_throttle_duty"):
+        pool([_report(rounds), _report(rounds, second_throttle_duty=0.6)], weight=4.0)
     with pytest.raises(CalibrationError, match="not a calibration report"):
         pool([{"rounds": [{"probe_alone_bytes_per_second": 1.0}]}], weight=4.0)
     with pytest.raises(CalibrationError):
@@ -400,35 +489,11 @@ def test_calibration_pool_cli_prints_the_pooled_report_and_rejects_a_bad_file(tm
     assert out.returncode == 2 and "--calibration-pool" in out.stderr
 
 
-def test_pair_fit_takes_the_capacity_from_the_full_hog_phase_and_checks_only_the_throttled_one():
-    rounds = [_round(15, 16, 30, 14.6, 15.5, 7, 14.9), _round(16, 17, 32, 15.4, 16.4, 7.5, 15.8),
-              _round(14, 15, 28, 13.7, 14.6, 6.5, 13.9)]
-    c = summarise((0, 1), [0, 1], 64, rounds, 0.2, weight=4.0, min_clean=3)
-    pf = c.pair_fit
-    assert predict(15 * GB, 16 * GB, pf.fitted_capacity_bytes_per_second) == pytest.approx(c.full.measured_slowdown)
-    assert pf.throttled_predicted_slowdown == pytest.approx(
-        predict(15 * GB, 7 * GB, pf.fitted_capacity_bytes_per_second))
-    assert pf.throttled_error == pytest.approx(pf.throttled_predicted_slowdown - c.throttled.measured_slowdown)
-    assert pf.throttled_within_tolerance == (abs(pf.throttled_error) <= 0.25 * c.throttled.measured_slowdown)
-    # The throttled beside phase enters neither fit: another one, same capacity and prediction.
-    other = summarise((0, 1), [0, 1], 64, [_round(*r, pt=9) for r in ((15, 16, 30, 14.6, 15.5, 7),
-                                                                     (16, 17, 32, 15.4, 16.4, 7.5),
-                                                                     (14, 15, 28, 13.7, 14.6, 6.5))],
-                      0.2, weight=4.0, min_clean=3)
-    assert other.pair_fit.fitted_capacity_bytes_per_second == pf.fitted_capacity_bytes_per_second
-    assert other.pair_fit.throttled_predicted_slowdown == pf.throttled_predicted_slowdown
-    assert other.throttled.measured_slowdown != c.throttled.measured_slowdown
-    # A probe that lost nothing beside the full hog fits no capacity and predicts nothing.
-    none = summarise((0, 1), [0, 1], 64, [_round(15, 16, 30, 15, 16, 7, 15)] * 3, 0.2, weight=4.0, min_clean=3)
-    assert none.pair_fit.fitted_capacity_bytes_per_second is None
-    assert none.pair_fit.throttled_predicted_slowdown == 0.0
-
-
 def test_the_peak_loss_is_paired_within_each_round_not_a_ratio_of_medians():
     # Every round lost 2 % of its own alone total; the medians of the levels (16, 16 and 29.4) would say 8 %.
     rounds = [_round(15, 16, 29.4, 14.7, 15.7, h0=14), _round(15, 14, 29.4, 14.7, 13.7, h0=16),
               _round(15, 16, 31.36, 14.7, 15.7, h0=16)]
-    c = summarise((0, 1), [0, 1], 64, rounds, 0.2, weight=4.0, min_clean=3)
+    c = summarise((0, 1), [0, 1], 64, rounds, 0.2, weight=4.0, min_clean=3).peak_fit
     assert c.peak_lost_share == pytest.approx(0.02)
     assert c.fitted_capacity_bytes_per_second == pytest.approx(fit_capacity([16 * GB, 16 * GB], 0.98 * 32 * GB))
 
@@ -436,10 +501,11 @@ def test_the_peak_loss_is_paired_within_each_round_not_a_ratio_of_medians():
 def test_with_the_probe_first_in_the_peak_the_fit_counts_it_at_the_probes_alone_rate():
     rounds = [_round(15, 16, 30.4, 14.6, 15.5, h0=14)] * 3
     c = summarise((0, 1), [0, 1], 64, rounds, 0.2, weight=4.0, min_clean=3, peak_first="probe")
-    assert c.peak_first == "probe" and c.peak_lost_share == pytest.approx(1 - 30.4 / 31)
-    assert c.fitted_capacity_bytes_per_second == pytest.approx(fit_capacity([15 * GB, 16 * GB], 30.4 * GB))
+    assert c.peak_first == "probe" and c.peak_fit.peak_lost_share == pytest.approx(1 - 30.4 / 31)
+    assert c.peak_fit.fitted_capacity_bytes_per_second == pytest.approx(
+        fit_capacity([15 * GB, 16 * GB], 30.4 * GB))
     hog_first = summarise((0, 1), [0, 1], 64, rounds, 0.2, weight=4.0, min_clean=3)
-    assert hog_first.peak_first == "hog" and hog_first.peak_lost_share == pytest.approx(1 - 30.4 / 30)
+    assert hog_first.peak_first == "hog" and hog_first.peak_fit.peak_lost_share == pytest.approx(1 - 30.4 / 30)
     # Reports of the two kinds are not pooled; a report from before the setting counts as "hog".
     with pytest.raises(CalibrationError, match="peak_first"):
         pool([_report(rounds), _report(rounds, peak_first="probe")], weight=4.0)

@@ -5,7 +5,7 @@ and the scenario JSON schema.
     cri-resmgr rebalance --generate FAMILY [--machine NAME] [--containers N] [--seed N]
     cri-resmgr rebalance --schema
     cri-resmgr rebalance --calibrate [--seconds 12] [--array-mib 256] [--hog read|copy] [--hog-duty 0.5]
-                                     [--peak-first hog|probe]
+                                     [--second-hog-duty 0.75] [--peak-first hog|probe]
     cri-resmgr rebalance --calibration-pool REPORT.json [REPORT.json ...]
 
 With one round the output is the plan (moves, cost before/after, migration cost); with ``--rounds N``
@@ -46,7 +46,7 @@ def add_parser(sub, common_args) -> None:
     g.add_argument("--calibration-pool", nargs="+", type=Path, metavar="REPORT",
                    help="one calibration report over the rounds of several --calibrate reports (same settings)")
     p.add_argument("--seconds", type=float, default=12.0,
-                   help="--calibrate: seconds of clean rounds per phase (seven phases; at most 4x as many rounds, "
+                   help="--calibrate: seconds of clean rounds per phase (nine phases; at most 4x as many rounds, "
                         "150 s)")
     p.add_argument("--array-mib", type=int, default=256, help="--calibrate: MiB per streamed array")
     p.add_argument("--hog", choices=("read", "copy"), default="read",
@@ -55,7 +55,9 @@ def add_parser(sub, common_args) -> None:
                    help="--calibrate: what streams on the probe's CPU in the peak phase (probe: an experiment, "
                         "docs/rebalancer.md)")
     p.add_argument("--hog-duty", type=float, default=0.5,
-                   help="--calibrate: the throttled hog's share of time streaming (the second operating point)")
+                   help="--calibrate: the throttled hog's share of time streaming (the first held-out point)")
+    p.add_argument("--second-hog-duty", type=float, default=0.75,
+                   help="--calibrate: the second throttled hog's share of time streaming (the second held-out point)")
     p.add_argument("--rounds", type=int, default=1, help="plan, apply and plan again this many times")
     p.add_argument("--machine", default="xeon-2s-112c-snc2", help="fixture machine for --generate")
     p.add_argument("--containers", type=int, default=50, help="containers for --generate")
@@ -122,9 +124,10 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from .calibrate import MIN_CLEAN_ROUNDS, SLICE_SECONDS, CalibrationError, calibrate
 
     if (not MIN_CLEAN_ROUNDS * SLICE_SECONDS <= args.seconds <= 60 or not 16 <= args.array_mib <= 4096
-            or not 0.1 <= args.hog_duty <= 0.9):
+            or not 0.1 <= args.hog_duty <= 0.9 or not 0.1 <= args.second_hog_duty <= 0.9):
         print(f"cri-resmgr: --seconds must be in [{MIN_CLEAN_ROUNDS * SLICE_SECONDS:g}, 60] (enough clean rounds "
-              "to measure), --array-mib in [16, 4096] and --hog-duty in [0.1, 0.9]", file=sys.stderr)
+              "to measure), --array-mib in [16, 4096], --hog-duty and --second-hog-duty in [0.1, 0.9]",
+              file=sys.stderr)
         return EXIT_CONFIG
     cfg = _config(args)
     if cfg is None:
@@ -132,7 +135,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     try:
         result = calibrate(discover(cfg.paths.sysfs), args.seconds, args.array_mib,
                            weight=cfg.rebalancer.weights.memory_bandwidth, hog=args.hog, proc=cfg.paths.proc,
-                           duty=args.hog_duty, peak_first=args.peak_first)
+                           duty=args.hog_duty, peak_first=args.peak_first, second_duty=args.second_hog_duty)
     except (ValueError, CalibrationError, OSError) as e:
         print(f"cri-resmgr: calibration failed: {e}", file=sys.stderr)
         return 1
