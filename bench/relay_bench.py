@@ -448,8 +448,12 @@ def main() -> int:
             kubes.append(kd2)
             print(f"3. pod lifecycles x{args.lifecycles} per target in blocks of {args.block} "
                   "(run pod, create, start, stop, remove container, stop, remove pod)")
+            relays = {"relay": relay, **{f"alt{i}": a for i, a in enumerate(alts, 1)}}
+            cpu0 = {k: cpu_seconds(r.proc.pid) for k, r in relays.items()}
             lifecycles({"direct": kd, "relay": kr, "direct2": kd2, **alt_kubes}, args.lifecycles, args.block)
-            for name, proc in (("relay", relay), *((f"alt{i}", a) for i, a in enumerate(alts, 1))):
+            print("    CPU per lifecycle (user + system, all threads): " + ", ".join(
+                f"{k} {1e3 * (cpu_seconds(r.proc.pid) - cpu0[k]) / args.lifecycles:.2f} ms" for k, r in relays.items()))
+            for name, proc in relays.items():
                 control = proc.client()
                 try:
                     relay_legs(name, control.rewrite_timings())

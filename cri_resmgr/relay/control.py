@@ -59,8 +59,9 @@ class ControlTarget(Protocol):
 
 
 class _Handler(grpc.GenericRpcHandler):
-    def __init__(self, methods: dict[str, Callable[[dict, Any], dict]]):
+    def __init__(self, methods: dict[str, Callable[[dict, Any], dict]], before: Callable[[], object]):
         self.methods = methods
+        self.before = before
 
     def service(self, details):
         name = details.method.rsplit("/", 1)[-1]
@@ -71,6 +72,7 @@ class _Handler(grpc.GenericRpcHandler):
         def handle(raw: bytes, ctx):
             try:
                 body = json.loads(raw or b"{}")
+                self.before()
                 return json.dumps(fn(body, ctx)).encode()
             except (ValueError, TypeError) as e:
                 ctx.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
@@ -81,8 +83,10 @@ class _Handler(grpc.GenericRpcHandler):
 
 
 def serve(relay: ControlTarget, path: Path, metrics_text: Callable[[], str],
-          timings: Callable[[], dict] | None = None) -> grpc.Server:
-    """``relay``: a front end (:class:`cri_resmgr.relay.core.CriFrontEnd`, or the NRI plugin's)."""
+          timings: Callable[[], dict] | None = None, before: Callable[[], object] = lambda: None) -> grpc.Server:
+    """``relay``: a front end (:class:`cri_resmgr.relay.core.CriFrontEnd`, or the NRI plugin's). ``before``
+    runs ahead of every call: the CRI relay's proxy runs there the completions of calls already answered
+    (``Proxy.run_completions_from``), so that what a caller reads includes every call it has had answered."""
 
     def move(body: dict, ctx: Any) -> dict:
         req = MoveRequest.model_validate(body)
@@ -101,7 +105,7 @@ def serve(relay: ControlTarget, path: Path, metrics_text: Callable[[], str],
         "Timings": lambda body, ctx: timings() if timings is not None else {},
     }
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="relay-control"))
-    server.add_generic_rpc_handlers([_Handler(methods)])
+    server.add_generic_rpc_handlers([_Handler(methods, before)])
     path = Path(path)
     if path.is_socket():
         path.unlink()
