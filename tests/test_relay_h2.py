@@ -22,7 +22,6 @@ import h2.exceptions
 import hpack
 import pytest
 
-from cri_resmgr.relay import h2proxy
 from cri_resmgr.relay.h2proxy import (
     IN_WORKER,
     MAX_HEADER_BLOCK,
@@ -56,21 +55,17 @@ class TestHooks(Hooks):
         self.inline = False  # rewrite on the event loop (rewrite_inline) instead of in a worker
         self.timed: list[RewriteTiming] = []
         self.complete_seconds = 0.0  # a slow completion (the books' work) on the event loop
-        self.books_at_rewrite: list[list[str]] = []  # the completions done when each rewrite hook began
-        self.proxy: Proxy | None = None
 
     def mode(self, method: str) -> Mode:
         return {REWRITE: Mode.REWRITE, OBSERVE: Mode.OBSERVE}.get(method, Mode.PASS)
 
     def rewrite(self, ex: Exchange) -> bytes | None:
-        self.books_at_rewrite.append([m for m, _c, _r in self.completed])
         time.sleep(0.01)  # a worker takes a moment: frames keep arriving meanwhile
         return ex.request + b"R" * self.grow if self.grow >= 0 else ex.request[: self.grow]
 
     def rewrite_inline(self, ex: Exchange) -> bytes | None | InWorker:
         if not self.inline:
             return IN_WORKER
-        self.books_at_rewrite.append([m for m, _c, _r in self.completed])
         return ex.request + b"R" * self.grow if self.grow >= 0 else ex.request[: self.grow]
 
     def rewrite_timed(self, ex: Exchange) -> None:
@@ -254,7 +249,6 @@ def proxy(request, tmp_path):
         return server, p
 
     server, p = asyncio.run_coroutine_threadsafe(setup(), loop).result(5)
-    hooks.proxy = p
     clients: list[Client] = []
 
     def connect() -> Client:
@@ -453,48 +447,6 @@ def test_an_observed_request_is_timed_too_and_a_passed_one_is_not(proxy):
     points = [t0, t.arrived, t.headers, t.held, t.forwarded, t.response, t.response_end, t.answered, t.completed]
     assert all(points[i] <= points[i + 1] for i in range(len(points) - 1)), points
     assert [m for m, _c, _r in hooks.completed] == [OBSERVE] and not up.errors
-
-
-@pytest.mark.parametrize("inline", [True, False])
-def test_a_completion_waits_for_the_next_request_and_runs_before_any_hook_reads_the_books(proxy, monkeypatch,
-                                                                                        inline):
-    connect, up, hooks, _ = proxy
-    monkeypatch.setattr(h2proxy, "COMPLETION_DEFER_SECONDS", 5.0)  # only the next request can run it
-    c = connect()
-    hooks.inline = inline
-    assert c.call(OBSERVE, b"first").status == 0
-    time.sleep(0.1)
-    assert not hooks.completed  # answered; its books' work waits while nothing else happens
-    assert c.call(PASS, b"next").status == 0  # the next request went to the runtime: the completion ran then
-    wait_for(lambda: [m for m, _c, _r in hooks.completed] == [OBSERVE])
-    assert c.call(OBSERVE, b"second").status == 0
-    assert c.call(REWRITE, b"reads the books").status == 0
-    assert hooks.books_at_rewrite == [[OBSERVE, OBSERVE]]  # the hook saw every call answered before it
-    assert c.call(PASS, b"last").status == 0
-    wait_for(lambda: [m for m, _c, _r in hooks.completed] == [OBSERVE, OBSERVE, REWRITE])
-    assert not up.errors
-
-
-def test_a_completion_runs_by_itself_soon_when_no_request_follows(proxy):
-    connect, _up, hooks, _ = proxy
-    c = connect()
-    t0 = time.monotonic()
-    assert c.call(OBSERVE, b"alone").status == 0
-    wait_for(lambda: len(hooks.completed) == 1)
-    assert time.monotonic() - t0 < 1.0
-
-
-def test_a_reader_on_another_thread_has_the_answered_calls_completed_first(proxy, monkeypatch):
-    """The control socket's calls (state, invariants, moves) read the books from their own threads."""
-    connect, _up, hooks, _ = proxy
-    monkeypatch.setattr(h2proxy, "COMPLETION_DEFER_SECONDS", 5.0)
-    c = connect()
-    assert c.call(OBSERVE, b"answered").status == 0
-    time.sleep(0.05)
-    assert not hooks.completed
-    assert hooks.proxy is not None and hooks.proxy.run_completions_from(1.0)
-    assert [m for m, _c, _r in hooks.completed] == [OBSERVE]
-    assert hooks.proxy.run_completions_from(1.0)  # nothing left: returns at once
 
 
 def test_the_answer_is_sent_before_the_completion_runs(proxy):

@@ -59,9 +59,8 @@ class ControlTarget(Protocol):
 
 
 class _Handler(grpc.GenericRpcHandler):
-    def __init__(self, methods: dict[str, Callable[[dict, Any], dict]], before: Callable[[], object]):
+    def __init__(self, methods: dict[str, Callable[[dict, Any], dict]]):
         self.methods = methods
-        self.before = before
 
     def service(self, details):
         name = details.method.rsplit("/", 1)[-1]
@@ -72,7 +71,6 @@ class _Handler(grpc.GenericRpcHandler):
         def handle(raw: bytes, ctx):
             try:
                 body = json.loads(raw or b"{}")
-                self.before()
                 return json.dumps(fn(body, ctx)).encode()
             except (ValueError, TypeError) as e:
                 ctx.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
@@ -83,10 +81,8 @@ class _Handler(grpc.GenericRpcHandler):
 
 
 def serve(relay: ControlTarget, path: Path, metrics_text: Callable[[], str],
-          timings: Callable[[], dict] | None = None, before: Callable[[], object] = lambda: None) -> grpc.Server:
-    """``relay``: a front end (:class:`cri_resmgr.relay.core.CriFrontEnd`, or the NRI plugin's). ``before``
-    runs ahead of every call: the CRI relay's proxy runs there the completions of calls already answered
-    (``Proxy.run_completions_from``), so that what a caller reads includes every call it has had answered."""
+          timings: Callable[[], dict] | None = None) -> grpc.Server:
+    """``relay``: a front end (:class:`cri_resmgr.relay.core.CriFrontEnd`, or the NRI plugin's)."""
 
     def move(body: dict, ctx: Any) -> dict:
         req = MoveRequest.model_validate(body)
@@ -105,7 +101,7 @@ def serve(relay: ControlTarget, path: Path, metrics_text: Callable[[], str],
         "Timings": lambda body, ctx: timings() if timings is not None else {},
     }
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="relay-control"))
-    server.add_generic_rpc_handlers([_Handler(methods, before)])
+    server.add_generic_rpc_handlers([_Handler(methods)])
     path = Path(path)
     if path.is_socket():
         path.unlink()

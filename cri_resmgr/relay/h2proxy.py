@@ -21,12 +21,8 @@ What the proxy does look at:
   it later sends to the runtime out of the runtime's next connection WINDOW_UPDATEs to the client, and tracks
   the runtime's connection and stream windows itself, queueing DATA that does not fit until the runtime
   opens them;
-- the end of a call is sent to the client first and its metrics recorded; the completion hook (the books'
-  work) and the timing wait (:meth:`Proxy.defer_completion`) until the relay would otherwise sit idle while the
-  runtime works: once the client's next request has gone to the runtime, or ``COMPLETION_DEFER_SECONDS`` later
-  if none comes. Right after the answer they took a CPU (the event loop's raised one) from the client that was
-  taking the answer and sending its next request, and held that request's read. Whatever reads the books runs
-  them first, in order: a rewrite hook (so a create sees its pod, a start its create), the control socket.
+- the end of a call is sent to the client first; the completion hook (the books' work), metrics and timing
+  run right after, in the same event-loop callback (so before anything else the client sends is read).
 
 A held request is timed point by point (:class:`RewriteTiming`; the control socket's ``Timings`` call), so that
 a benchmark can tell where its added time goes.
@@ -49,7 +45,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import struct
-import threading
 import time
 import urllib.parse
 from collections import deque
@@ -75,8 +70,6 @@ MAX_FRAME_PAYLOAD = 16384  # SETTINGS_MAX_FRAME_SIZE's initial value: every peer
 H2_NO_ERROR, H2_CANCEL, H2_ENHANCE_YOUR_CALM = 0x0, 0x8, 0xB
 MAX_HEADER_BLOCK = 16 << 20  # grpc-go's default max header list size (containerd keeps it)
 MAX_HELD_MESSAGE = (16 << 20) + 5  # containerd's default max receive message size, plus the gRPC prefix
-# The longest a completion waits for the client's next request to go to the runtime (then it runs anyway).
-COMPLETION_DEFER_SECONDS = 0.002
 
 
 def status(code: grpc.StatusCode) -> int:
@@ -381,7 +374,6 @@ class Pair:
         # Frames forwarded as they are stay in ``buf`` and go out as one slice, buf[run:pos]; a frame handled
         # otherwise first puts the run before it into ``out`` (order kept), and the run starts after it.
         run = 0
-        request_ended = False  # a request's last frame went on to the runtime: the deferred completions may run
         if d.preface_left:
             take = min(d.preface_left, len(buf))
             d.preface_left -= take
@@ -424,8 +416,6 @@ class Pair:
                         st.req_done = True
                         self._submit_rewrite(st)
                 else:
-                    if flags & F_END_STREAM:
-                        request_ended = True
                     if st is not None and (st.mode is not Mode.PASS or self.hooks.dumping):
                         st.req += _data_body(flags, bytes(buf[pos + 9:end]))
                         if flags & F_END_STREAM:
@@ -478,8 +468,6 @@ class Pair:
         if self._forward_stamps:
             self._stamp_forwarded()
         self._flush_back()
-        if request_ended:
-            self.proxy.run_completions()  # the runtime has work in hand: the relay's books meanwhile
 
     def _flush_back(self) -> None:
         """Write what the client's input parsed so far owes the client (see ``_c2s_back``)."""
@@ -683,7 +671,6 @@ class Pair:
 
     # -- hooks --------------------------------------------------------------------------------------
     def _submit_rewrite(self, st: _Stream) -> None:
-        self.proxy.run_completions()  # the hook reads the books: the calls answered before it are in them
         body = b"".join(st.held)
         msg = grpc_message(body)
         if msg is None or len(body) != 5 + len(msg):
@@ -828,27 +815,22 @@ class Pair:
         self._report(st)
 
     def _report(self, st: _Stream) -> None:
-        """A call's end: its metrics now (the call's time as the client saw it); its completion (the hooks, the
-        dump, the timing) deferred (:meth:`Proxy.defer_completion`)."""
+        """A call's completion: the hooks (the books), metrics, the dump, the timing."""
         ex = st.ex
         code = ex.code if ex.code is not None else status(S.UNKNOWN)
-        self.hooks.finished(ex.method, code, time.perf_counter() - ex.started)
         if st.mode is not Mode.PASS or self.hooks.dumping:
-            self.proxy.defer_completion(lambda: self._complete(st))
-
-    def _complete(self, st: _Stream) -> None:
-        ex = st.ex
-        if not ex.rewritten:
-            ex.request = grpc_message(bytes(st.req)) or b""
-        ex.response = grpc_message(bytes(st.resp)) or b""
-        if self.hooks.dumping:
-            self.hooks.dump("request", ex, ex.request)
-            self.hooks.dump("response", ex, ex.response)
-        if st.mode is not Mode.PASS:
-            try:
-                self.hooks.complete(ex)
-            except Exception:
-                log.exception("completion hook for %s failed", ex.method)
+            if not ex.rewritten:
+                ex.request = grpc_message(bytes(st.req)) or b""
+            ex.response = grpc_message(bytes(st.resp)) or b""
+            if self.hooks.dumping:
+                self.hooks.dump("request", ex, ex.request)
+                self.hooks.dump("response", ex, ex.response)
+            if st.mode is not Mode.PASS:
+                try:
+                    self.hooks.complete(ex)
+                except Exception:
+                    log.exception("completion hook for %s failed", ex.method)
+        self.hooks.finished(ex.method, code, time.perf_counter() - ex.started)
         if ex.timing is not None:
             ex.timing.completed = time.perf_counter()
             try:
@@ -1081,8 +1063,6 @@ class Proxy:
         self._loop: asyncio.AbstractEventLoop | None = None
         self.server: asyncio.AbstractServer | None = None
         self._up: bool | None = None
-        self._completions: deque[Callable[[], None]] = deque()  # calls answered, their books' work not done yet
-        self._completion_timer: asyncio.TimerHandle | None = None
 
     async def start(self, path: str) -> None:
         self._loop = asyncio.get_running_loop()
@@ -1092,43 +1072,6 @@ class Proxy:
     def loop(self) -> asyncio.AbstractEventLoop:
         assert self._loop is not None, "Proxy.start() first"
         return self._loop
-
-    # -- deferred completions (the module's doc says why) -------------------------------------------
-    def defer_completion(self, fn: Callable[[], None]) -> None:
-        """Event loop: run ``fn`` (a call's completion) once the client's next request has gone to the runtime,
-        before any hook reads the books, or ``COMPLETION_DEFER_SECONDS`` from now, whichever comes first."""
-        self._completions.append(fn)
-        if self._loop is None:  # not serving (a pair driven directly): nothing to wait for
-            self.run_completions()
-        elif self._completion_timer is None:
-            self._completion_timer = self._loop.call_later(COMPLETION_DEFER_SECONDS, self.run_completions)
-
-    def run_completions(self) -> None:
-        """Event loop: the deferred completions, oldest first (each catches its hooks' errors itself)."""
-        if self._completion_timer is not None:
-            self._completion_timer.cancel()
-            self._completion_timer = None
-        q = self._completions
-        while q:
-            q.popleft()()
-
-    def run_completions_from(self, timeout: float) -> bool:
-        """Another thread about to read the books (the control socket): the completions of the calls already
-        answered run first, on the event loop. False when the loop did not get to them within ``timeout``."""
-        loop = self._loop
-        if loop is None or not self._completions:
-            return True
-        done = threading.Event()
-
-        def run() -> None:
-            self.run_completions()
-            done.set()
-
-        try:
-            loop.call_soon_threadsafe(run)
-        except RuntimeError:  # the loop is closed: nothing runs there any more
-            return False
-        return done.wait(timeout)
 
     def upstream_up(self) -> None:
         if self._up is not True:
@@ -1152,4 +1095,3 @@ class Proxy:
     async def close(self) -> None:
         if self.server is not None:
             self.server.close()
-        self.run_completions()  # the books get every call already answered before the engine saves them

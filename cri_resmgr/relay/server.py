@@ -52,7 +52,6 @@ LOCK_NAME = "cri-resmgr-relay.lock"
 # The event-loop thread's scheduler slice (EEVDF): about one wake-up's work (scheduling.py).
 EVENT_LOOP_SLICE_NS = 200_000
 CONTROL_NAME = "relay-control.sock"
-CONTROL_SYNC_SECONDS = 1.0  # the longest a control call waits for the event loop to run the deferred completions
 
 
 def _claim(path: Path) -> None:
@@ -206,8 +205,7 @@ class RelayProcess:
             self.sockets.append(Path(self.rc.image_relay_socket))
             proxies.append(img)
         self.control_server = control.serve(relay, self.control_path, self.metrics_text,
-                                            timings=lambda: {"rewrites": self.stats.rewrite_samples()},
-                                            before=lambda: proxy.run_completions_from(CONTROL_SYNC_SECONDS))
+                                            timings=lambda: {"rewrites": self.stats.rewrite_samples()})
         self.sockets.append(self.control_path)
         if self.rc.metrics_listen:
             host, port = parse_listen(self.rc.metrics_listen)
