@@ -7,7 +7,10 @@ client). Then, with a few pods running so that ListContainers has something to s
 1. 2000 calls each of Version and ListContainers, direct / relay / naive interleaved: p50 and p99;
 2. the same while the agent collects every 0.5 s and a separate process scrapes its /metrics every 0.1 s;
 3. whole pod lifecycles (RunPodSandbox, CreateContainer, StartContainer, StopContainer, RemoveContainer,
-   StopPodSandbox, RemovePodSandbox), direct and relay interleaved: median and p90;
+   StopPodSandbox, RemovePodSandbox), direct, relay and direct again ("direct2", the A/A control: what the
+   method reports for two identical targets) in alternating blocks (``--block``): median and p90, the median of
+   the paired ratios (target / direct, same round) with a 95 % sign-test interval and a bootstrap one, per call
+   the paired differences, and inside the relay where each call's time went (its Timings);
 4. CreateContainer of a Guaranteed container (exclusive placement) whose pod carries 1,000 annotation entries
    (an affinity list naming 1,000 containers among them) with 500 containers in the relay's cache: relay,
    direct, and direct with the cpuset the relay writes ("direct+cpuset"), interleaved in rotating order, each
@@ -18,7 +21,7 @@ client). Then, with a few pods running so that ListContainers has something to s
 
 Needs root, containerd, runc and busybox-static (``make test`` installs them).
 
-    .venv/bin/python bench/relay_bench.py [--calls 2000] [--lifecycles 30] [--phases 1,2,3,4]
+    .venv/bin/python bench/relay_bench.py [--calls 2000] [--lifecycles 30] [--block 1] [--phases 1,2,3,4]
         [--cache-containers 500] [--creates 30] [--settle-ms 150] [--relay-src DIR] [--no-naive] [--sched-trace]
 
 ``--relay-src DIR`` (repeatable) adds, in phases 1 and 2, a relay run from another source tree (e.g.
@@ -47,6 +50,7 @@ import _util  # noqa: F401  (puts the repo on sys.path)
 import grpc
 from cri_api.v1 import api_pb2 as pb
 from cri_api.v1 import api_pb2_grpc as pbg
+from paired import bootstrap_interval, sign_test_interval
 from sched_trace import SchedTrace
 
 from tests.integration.containerd import Containerd, missing_prerequisites
@@ -187,17 +191,20 @@ def lifecycle(k: Kubelet, i: int) -> dict[str, float]:
     return times
 
 
-def lifecycles(kubes: dict[str, Kubelet], n: int) -> None:
-    """``n`` rounds of one pod lifecycle per target, in rotating order; per CRI method: each target's median,
-    and each relay's paired (same round) difference from direct."""
+def lifecycles(kubes: dict[str, Kubelet], n: int, block: int = 1) -> dict[str, list[dict[str, float]]]:
+    """``n`` lifecycles per target, run as alternating blocks of ``block`` lifecycles (direct x block, relay x
+    block, ...; the order rotated every round, so that each target follows each other one as often); per CRI
+    method: each target's median, and each other target's paired difference from direct (the i-th lifecycle of a
+    target's block against the i-th of direct's, same round). Returns each target's lifecycles, in order."""
     per: dict[str, list[dict[str, float]]] = {k: [] for k in kubes}
     order = list(kubes.items())
     j = 0
-    for i in range(n):
+    for i in range(-(-n // block)):
         r = i % len(order)
         for k, kube in order[r:] + order[:r]:
-            per[k].append(lifecycle(kube, j))
-            j += 1
+            for _ in range(min(block, n - i * block)):
+                per[k].append(lifecycle(kube, j))
+                j += 1
     total = {k: [sum(t.values()) for t in ts] for k, ts in per.items()}
     d50 = statistics.median(total["direct"])
     for k, xs in total.items():
@@ -205,7 +212,15 @@ def lifecycles(kubes: dict[str, Kubelet], n: int) -> None:
         print(f"    {k:7s} median {1e3 * m:7.1f} ms  p90 {1e3 * pct(xs, 0.9):7.1f} ms"
               + ("" if k == "direct" else f"   {100 * (m - d50) / d50:+.1f}% vs direct"))
     others = [k for k in kubes if k != "direct"]
-    print("    per call, ms: direct median; for each relay: median, and relay - direct paired (same round) median "
+    print("    whole lifecycle, paired (same round, same place in the block): median of target / direct - 1, "
+          "95 % interval (sign test; bootstrap)")
+    for k in others:
+        ratios = [a / b - 1 for a, b in zip(total[k], total["direct"], strict=True)]
+        st, bs = sign_test_interval(ratios), bootstrap_interval(ratios)
+        sign = "n/a" if st is None else f"[{100 * st.low:+.2f}, {100 * st.high:+.2f}] ({100 * st.coverage:.1f} %)"
+        print(f"      {k:7s} {100 * statistics.median(ratios):+.2f} %  sign test {sign}; "
+              f"bootstrap [{100 * bs.low:+.2f}, {100 * bs.high:+.2f}]  (n={len(ratios)})")
+    print("    per call, ms: direct median; for each target: median, and target - direct paired median "
           "[p25, p75]")
     print("      " + f"{'':17s} {'direct':>7s}" + "".join(f" | {k:>7s} {'paired':>7s} {'[p25, p75]':>15s}"
                                                         for k in others))
@@ -223,6 +238,29 @@ def lifecycles(kubes: dict[str, Kubelet], n: int) -> None:
     print(f"      {'sum of medians':17s} {1e3 * sums['direct']:7.2f}" + "".join(
         f" | {1e3 * sums[k]:7.2f} {100 * (sums[k] - sums['direct']) / sums['direct']:+6.1f}% {'':15s}"
         for k in others))
+    return per
+
+
+# Inside the relay, per lifecycle call (its Timings: every held or observed call), ms: from the read that brought
+# the request to its last bytes handed to the runtime ("in"); from the runtime's response HEADERS to the answer's
+# end handed to the client ("out": includes waiting for the runtime's trailers); the completion after it.
+LEGS = (
+    ("in: read -> forwarded", lambda t: t.forwarded - t.arrived),
+    ("out: response -> answered", lambda t: t.answered - t.response),
+    ("trailers -> answered", lambda t: t.answered - t.response_end),
+    ("completion", lambda t: t.completed - t.answered),
+)
+
+
+def relay_legs(name: str, timings: dict[str, list]) -> None:
+    print(f"    inside {name}, per call (median over its last lifecycles; ms): "
+          + "; ".join(n for n, _f in LEGS))
+    for m in LIFECYCLE:
+        ts = [t for t in timings.get(m, []) if t.forwarded and t.answered]
+        if not ts:
+            continue
+        print(f"      {m:17s} " + "  ".join(f"{1e3 * statistics.median(f(t) for t in ts):6.3f}" for _n, f in LEGS)
+              + f"   (n={len(ts)})")
 
 
 def crowded_creates(kd: Kubelet, kr: Kubelet, control, n_cached: int, n: int, settle: float) -> None:
@@ -319,6 +357,8 @@ def main() -> int:
     ap.add_argument("--calls", type=int, default=2000)
     ap.add_argument("--lifecycles", type=int, default=30)
     ap.add_argument("--phases", default="1,2,3,4", help="which of the phases above to run")
+    ap.add_argument("--block", type=int, default=1,
+                    help="phase 3: lifecycles a target runs in a row before the next target's turn")
     ap.add_argument("--cache-containers", type=int, default=500)
     ap.add_argument("--creates", type=int, default=30)
     ap.add_argument("--settle-ms", type=float, default=150.0,
@@ -403,9 +443,22 @@ def main() -> int:
                      for i, a in enumerate(alts, 1)}
         kubes += [kd, kr, *alt_kubes.values()]
         if 3 in phases:
-            print(f"3. pod lifecycles x{args.lifecycles} "
+            # "direct2": direct again, as a target of its own: the A/A control, the noise floor of the method.
+            kd2 = Kubelet(CriClient(cd.socket), cd.cgroup_parent, base / "logs")
+            kubes.append(kd2)
+            print(f"3. pod lifecycles x{args.lifecycles} per target in blocks of {args.block} "
                   "(run pod, create, start, stop, remove container, stop, remove pod)")
-            lifecycles({"direct": kd, "relay": kr, **alt_kubes}, args.lifecycles)
+            relays = {"relay": relay, **{f"alt{i}": a for i, a in enumerate(alts, 1)}}
+            cpu0 = {k: cpu_seconds(r.proc.pid) for k, r in relays.items()}
+            lifecycles({"direct": kd, "relay": kr, "direct2": kd2, **alt_kubes}, args.lifecycles, args.block)
+            print("    CPU per lifecycle (user + system, all threads): " + ", ".join(
+                f"{k} {1e3 * (cpu_seconds(r.proc.pid) - cpu0[k]) / args.lifecycles:.2f} ms" for k, r in relays.items()))
+            for name, proc in relays.items():
+                control = proc.client()
+                try:
+                    relay_legs(name, control.rewrite_timings())
+                finally:
+                    control.close()
 
         if 4 in phases:
             print(f"4. CreateContainer x{args.creates}, Guaranteed, pod with 1,000 annotation entries, "

@@ -361,6 +361,28 @@ def test_crashed_and_oom_killed_containers_release_their_cpus(node):
     assert list(e.state().exclusive) == [nxt]
 
 
+def test_a_shared_release_logs_at_debug_and_an_exclusive_one_at_info(node, caplog):
+    """Every stop releases; only exclusive CPUs given back are worth an info line (the shared release runs on
+    the relay's event loop right after each StopContainer's answer)."""
+    rt, make = node
+    e = make(min_shared_cpus=2)
+    e.start()
+    g, b = rt.run_pod("g", "Guaranteed"), rt.run_pod("b", "Burstable")
+    for p in (g, b):
+        e.pod_added(p)
+    gid, bid = create(e, rt, g, "app", "Guaranteed", 1000), create(e, rt, b, "app", "Burstable", 500)
+    for cid in (gid, bid):
+        start(e, rt, cid)
+    caplog.set_level("DEBUG", logger="cri_resmgr.placement.engine")
+    e.stopped(bid)
+    e.stopped(gid)
+    released = {r.levelname: r.getMessage() for r in caplog.records if "releasing" in r.getMessage()}
+    assert set(released) == {"DEBUG", "INFO"}
+    assert bid[:12] in released["DEBUG"] and "shared" in released["DEBUG"]
+    assert gid[:12] in released["INFO"] and "exclusive" in released["INFO"]
+    assert e.state().exclusive == {}
+
+
 def test_a_hung_pool_update_blocks_no_create_and_the_start_fails_open_bounded(node):
     rt, make = node
     e = make(start_hold_seconds=0.5, runtime_timeout_seconds=2.0)

@@ -433,6 +433,22 @@ def test_a_held_request_is_timed_point_by_point_in_the_order_it_passed(proxy):
     assert not up.errors
 
 
+def test_an_observed_request_is_timed_too_and_a_passed_one_is_not(proxy):
+    """The answer leg of every call the relay completes (pod lifecycles are mostly observed calls) can be
+    set against the client's clock; calls passed through untouched cost nothing extra."""
+    connect, up, hooks, _ = proxy
+    c = connect()
+    assert c.call(PASS, b"p" * 100).status == 0
+    t0 = time.perf_counter()
+    assert c.call(OBSERVE, b"o" * 45_000).status == 0
+    wait_for(lambda: len(hooks.timed) == 1)
+    t = hooks.timed[0]
+    assert t.started == t.returned == 0.0  # no hook before the forward
+    points = [t0, t.arrived, t.headers, t.held, t.forwarded, t.response, t.response_end, t.answered, t.completed]
+    assert all(points[i] <= points[i + 1] for i in range(len(points) - 1)), points
+    assert [m for m, _c, _r in hooks.completed] == [OBSERVE] and not up.errors
+
+
 def test_the_answer_is_sent_before_the_completion_runs(proxy):
     connect, up, hooks, _ = proxy
     c = connect()

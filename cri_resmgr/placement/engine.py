@@ -636,8 +636,11 @@ class Engine:
         with self._lock:
             for c in ctrs:
                 if was_live:
-                    log.info("container %s (%s/%s) %s: releasing %s CPUs %s", c.id[:12], c.pod_name, c.name, why,
-                             c.placement, c.cpus)
+                    # Exclusive CPUs given back are news (info); a shared container leaving the pool is every
+                    # stop's routine, on the event loop right after the answer: debug.
+                    level = logging.INFO if c.placement == Kind.EXCLUSIVE else logging.DEBUG
+                    log.log(level, "container %s (%s/%s) %s: releasing %s CPUs %s", c.id[:12], c.pod_name, c.name,
+                            why, c.placement, c.cpus)
                 if c.id not in self._ctl_released:
                     self._ctl_released.add(c.id)
                     contexts.append(self._context(c))

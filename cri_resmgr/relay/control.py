@@ -16,9 +16,9 @@ Invariants  {}                              InvariantView (checked now against t
 Timings     {}                              {"rewrites": {method: [RewriteTiming fields, ...]}}
 =========== =============================== ====================================
 
-Timings (the CRI relay only; ``{}`` elsewhere): the last 1,000 held requests per method, for benchmarks — the
-instants each passed in the relay (:class:`cri_resmgr.relay.h2proxy.RewriteTiming`: ``time.perf_counter()``,
-which a caller on the same machine can set against its own clock).
+Timings (the CRI relay only; ``{}`` elsewhere): the last 1,000 held or observed requests per method, for
+benchmarks — the instants each passed in the relay (:class:`cri_resmgr.relay.h2proxy.RewriteTiming`:
+``time.perf_counter()``, which a caller on the same machine can set against its own clock).
 
 Move honours the caller's deadline: a move whose client has given up is not applied.
 """
@@ -146,7 +146,7 @@ class ControlClient:
         return InvariantView.model_validate(self._call("Invariants"))
 
     def rewrite_timings(self) -> dict[str, list[RewriteTiming]]:
-        """method -> the last held requests' timings, oldest first (see the module's doc)."""
+        """method -> the last held or observed requests' timings, oldest first (see the module's doc)."""
         return {m: [RewriteTiming(**x) for x in xs] for m, xs in self._call("Timings").get("rewrites", {}).items()}
 
     def close(self) -> None:

@@ -342,7 +342,7 @@ class CriFrontEnd(Hooks, EngineControl):
 
     def rewrite_timed(self, ex: Exchange) -> None:
         t = ex.timing
-        if t is not None and t.started and t.forwarded:  # held and handed to the hook (not cut short)
+        if t is not None and t.forwarded:  # held or observed, and the request reached the runtime (not cut short)
             self.stats.record_rewrite(ex.method, t)
 
     def dump(self, direction: str, ex: Exchange, message: bytes) -> None:

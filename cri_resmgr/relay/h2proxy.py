@@ -115,7 +115,7 @@ class Exchange:
     message: str = ""
     context: object = None  # set by the rewrite hook, handed back to the completion hook
     rewritten: bool = False
-    timing: RewriteTiming | None = None  # a held request: where its time in the relay went
+    timing: RewriteTiming | None = None  # a held or observed request: where its time in the relay went
 
 
 @dataclass
@@ -129,7 +129,9 @@ class RewriteTiming:
     loop: at once) and returns; the result's last bytes handed to the runtime's socket (``forwarded``; what the
     socket did not take at once and asyncio buffered: ``upstream_buffered`` bytes); the runtime's response
     HEADERS and its trailers parsed; the completion hook returned; the call's end handed to the client's socket
-    (``answered``). ``reads``: socket reads (``data_received``) from the client's HEADERS to the message's end."""
+    (``answered``). ``reads``: socket reads (``data_received``) from the client's HEADERS to the message's end.
+    An observed request (no hook) has ``held`` when its last DATA frame was parsed, no ``started``/``returned``,
+    and ``forwarded`` when that frame was handed to the runtime's socket."""
 
     arrived: float = 0.0
     headers: float = 0.0
@@ -174,14 +176,14 @@ class Hooks:
         return IN_WORKER
 
     def complete(self, ex: Exchange) -> None:
-        """Event-loop thread, before the client sees the call's end. Keep it short."""
+        """Event-loop thread, once the call's end has been handed to the client's socket. Keep it short."""
 
     def finished(self, method: str, code: int, seconds: float) -> None:
         """Every call, for metrics."""
 
     def rewrite_timed(self, ex: Exchange) -> None:
-        """A held request's call ended and its end was handed to the client's socket: ``ex.timing`` holds what
-        it passed through."""
+        """A held or observed request's call ended and its end was handed to the client's socket: ``ex.timing``
+        holds what it passed through."""
 
     def dump(self, direction: str, ex: Exchange, message: bytes) -> None:
         """Only called when ``dumping`` is true."""
@@ -418,6 +420,9 @@ class Pair:
                         st.req += _data_body(flags, bytes(buf[pos + 9:end]))
                         if flags & F_END_STREAM:
                             st.req_done = True
+                            if st.ex.timing is not None:  # an observed request: forwarded with this read's frames
+                                st.ex.timing.held = time.perf_counter()
+                                self._forward_stamps.append(st.ex.timing)
                     w = self.up_streams.get(sid, self.up_initial)
                     if self.blocked or length > self.up_conn or length > w:  # may have to wait: _send_data
                         if pos > run:
@@ -545,7 +550,7 @@ class Pair:
                 break
         ex = Exchange(method, sid, time.perf_counter())
         mode = self.hooks.mode(method)
-        if mode is Mode.REWRITE:
+        if mode is not Mode.PASS:  # held or observed: timed (observed calls have no hook before the forward)
             ex.timing = RewriteTiming(arrived=self.read_at, headers=ex.started, reads=self.reads)
         self.streams[sid] = _Stream(ex, mode)
         self.up_streams[sid] = self.up_initial

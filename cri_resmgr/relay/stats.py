@@ -37,7 +37,7 @@ class RelayStats:
         self.lock = threading.Lock()
         self.gauges: dict[str, float] = {}
         self.resets: dict[str, int] = {}  # reason -> streams/connections the proxy ended itself
-        # method -> the last REWRITE_SAMPLES held requests' timings (control socket: Timings)
+        # method -> the last REWRITE_SAMPLES held or observed requests' timings (control socket: Timings)
         self.rewrites: dict[str, deque[RewriteTiming]] = {}
 
     def reset(self, reason: str) -> None:
@@ -63,7 +63,7 @@ class RelayStats:
             h.n += 1
 
     def record_rewrite(self, path: str, timing: RewriteTiming) -> None:
-        """A held request's call ended: where its time in the relay went (kept as it is, read on demand)."""
+        """A held or observed request's call ended: where its time in the relay went (kept as it is, read on demand)."""
         m = self.method_label(path)
         with self.lock:
             d = self.rewrites.get(m)
@@ -72,7 +72,7 @@ class RelayStats:
             d.append(timing)
 
     def rewrite_samples(self) -> dict[str, list[dict[str, float]]]:
-        """method -> the last held requests' :class:`RewriteTiming` fields, oldest first."""
+        """method -> the last held or observed requests' :class:`RewriteTiming` fields, oldest first."""
         with self.lock:
             kept = {m: list(d) for m, d in self.rewrites.items()}
         return {m: [dataclasses.asdict(t) for t in ts] for m, ts in kept.items()}

@@ -1,0 +1,54 @@
+"""bench/paired.py: the sign-test interval for a median and its bootstrap cross-check, against binomial tails
+computed by hand."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+
+from paired import binomial_half_cdf, bootstrap_interval, sign_test_interval, sign_test_rank
+
+
+def test_binomial_tails_match_hand_computed_sums():
+    assert binomial_half_cdf(10, 1) == 11 / 1024  # C(10,0) + C(10,1)
+    assert binomial_half_cdf(10, 2) == 56 / 1024  # + C(10,2) = 45
+    assert binomial_half_cdf(20, 5) == 21700 / 2 ** 20  # 1 + 20 + 190 + 1140 + 4845 + 15504
+    assert binomial_half_cdf(6, -1) == 0.0 and binomial_half_cdf(6, 6) == 1.0
+
+
+def test_sign_test_rank_is_the_largest_with_tail_within_alpha():
+    # n = 10: P(B <= 1) = 0.0107 <= 0.025 < P(B <= 2) = 0.0547, so the interval is [x(2), x(9)]
+    assert sign_test_rank(10) == 2
+    # n = 20: P(B <= 5) = 0.0207 <= 0.025 < P(B <= 6) = 0.0577: [x(6), x(15)]
+    assert sign_test_rank(20) == 6
+    # n = 6: P(B <= 0) = 1/64 = 0.0156: [x(1), x(6)]; n = 5: 1/32 = 0.031 > 0.025: no 95 % interval
+    assert sign_test_rank(6) == 1
+    assert sign_test_rank(5) == 0
+
+
+def test_sign_test_interval_takes_those_order_statistics_and_states_its_coverage():
+    xs = [9.0, 1.0, 8.0, 2.0, 7.0, 3.0, 6.0, 4.0, 5.0, 10.0]  # sorted: 1..10
+    got = sign_test_interval(xs)
+    assert got is not None
+    assert (got.low, got.high) == (2.0, 9.0)
+    assert got.coverage == pytest.approx(1 - 2 * 11 / 1024)  # 0.9785
+    twenty = sign_test_interval([float(i) for i in range(20, 0, -1)])
+    assert twenty is not None and (twenty.low, twenty.high) == (6.0, 15.0)
+    assert twenty.coverage == pytest.approx(1 - 2 * 21700 / 2 ** 20)  # 0.9586
+    assert sign_test_interval([1.0, 2.0, 3.0, 4.0, 5.0]) is None
+    assert sign_test_interval([]) is None
+
+
+def test_bootstrap_interval_brackets_the_median_and_repeats_with_its_seed():
+    xs = [float(i) for i in range(1, 102)]  # median 51
+    a = bootstrap_interval(xs, resamples=500)
+    assert a.low <= 51.0 <= a.high
+    assert a.low > 35 and a.high < 67  # the median of 101 uniform values moves by ~±8 at 95 %
+    assert bootstrap_interval(xs, resamples=500) == a
+    assert bootstrap_interval([3.0] * 7, resamples=50)[:2] == (3.0, 3.0)
+    with pytest.raises(ValueError):
+        bootstrap_interval([])
