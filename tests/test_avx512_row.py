@@ -143,3 +143,29 @@ def test_removed_container_drops_its_state(tmp_path):
     row = col.collect_row(t[0])
     assert set(col._quiet) == set(col._windows) == {f"{1:064x}"}
     assert {lab.get("container_id") for _, lab in row.keys} == {f"{1:064x}", None}
+
+
+def test_the_periodic_rescan_keeps_the_row_and_its_keys_when_no_container_changed(tmp_path):
+    """The walk of the v2 tree every RESCAN_SECONDS makes identities anew; the same containers keep their row (the
+    keys list is the same object, so the store's column plan stands), a container that came gets a new one."""
+    from cri_resmgr.collectors.avx512 import RESCAN_SECONDS
+
+    root = tmp_path / "cg"
+    for n in (1, 2, 3):
+        make_v2(root, rel(n), Values())
+    t = [10.0]
+    col = Avx512Collector(Avx512CollectorConfig(), Paths(cgroup=root), Topology(), clock=lambda: t[0])
+    col.source = FakeSource()
+    col.attribution = choose_attribution("cgroup_id", detect_layout(root))
+    col._cg = CgroupIdResolver(root)
+    keys = col.collect_row(t[0]).keys
+    walked = col._scanned_at
+    t[0] += RESCAN_SECONDS + 1
+    again = col.collect_row(t[0])
+    assert col._scanned_at > walked, "the tree was walked again"
+    assert again.keys is keys
+    make_v2(root, rel(4), Values())
+    t[0] += RESCAN_SECONDS + 1
+    grown = col.collect_row(t[0]).keys
+    assert grown is not keys and sum(lab.get("container_id") == f"{4:064x}" for _, lab in grown) == 5
+    col.close()

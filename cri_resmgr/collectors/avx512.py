@@ -248,7 +248,11 @@ class Avx512Collector(Collector):
             paths = self._cg.paths
             if (changed or self._found is None or t - self._scanned_at >= RESCAN_SECONDS
                     or any(k.cgroup_id not in paths for k in snap.counts)):
-                self._found = containers_in(self._cg.scan().values())
+                found = containers_in(self._cg.scan().values())
+                # The same containers as the last walk keep their identity objects: the row (laid out again when
+                # an identity is another object) and the store's column plan stand across the RESCAN_SECONDS walk.
+                prev = {i.container_id: i for i in self._found or ()}
+                self._found = [p if (p := prev.get(i.container_id)) is not None and p == i else i for i in found]
                 self._scanned_at = t
                 self._assigned = False
             containers = {c.container_id: c for c in self.identities(layout, self._found)}
@@ -300,7 +304,10 @@ class Avx512Collector(Collector):
         # A container whose counts stand and whose ratio was 0 (so not active) keeps its slots: its ratio stays
         # 0 however the window slides (no increase of the numerator since the base, or none of the
         # denominator), and the window's base keeps the same counts without the points in between.
-        for cid in [c for c in cids if c not in quiet or totals.get(c, zero) != quiet[c]]:
+        # (Counts are immutable: the same object is the same counts; an idle container without keys has the _ZERO
+        # object in both, so most are passed over without comparing fields.)
+        for cid in [c for c in cids if (kept := quiet.get(c)) is None or ((cur := totals.get(c, zero)) is not kept
+                                                                         and cur != kept)]:
             total = totals.get(cid, zero)
             win = self._windows.get(cid)
             if win is None:
