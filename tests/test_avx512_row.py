@@ -143,3 +143,86 @@ def test_removed_container_drops_its_state(tmp_path):
     row = col.collect_row(t[0])
     assert set(col._quiet) == set(col._windows) == {f"{1:064x}"}
     assert {lab.get("container_id") for _, lab in row.keys} == {f"{1:064x}", None}
+
+
+def test_the_periodic_rescan_keeps_the_row_and_its_keys_when_no_container_changed(tmp_path):
+    """The walk of the v2 tree every RESCAN_SECONDS makes identities anew; the same containers keep their row (the
+    keys list is the same object, so the store's column plan stands), a container that came gets a new one."""
+    from cri_resmgr.collectors.avx512 import RESCAN_SECONDS
+
+    root = tmp_path / "cg"
+    for n in (1, 2, 3):
+        make_v2(root, rel(n), Values())
+    t = [10.0]
+    col = Avx512Collector(Avx512CollectorConfig(), Paths(cgroup=root), Topology(), clock=lambda: t[0])
+    col.source = FakeSource()
+    col.attribution = choose_attribution("cgroup_id", detect_layout(root))
+    col._cg = CgroupIdResolver(root)
+    keys = col.collect_row(t[0]).keys
+    walked = col._scanned_at
+    t[0] += RESCAN_SECONDS + 1
+    again = col.collect_row(t[0])
+    assert col._scanned_at > walked, "the tree was walked again"
+    assert again.keys is keys
+    make_v2(root, rel(4), Values())
+    t[0] += RESCAN_SECONDS + 1
+    grown = col.collect_row(t[0]).keys
+    assert grown is not keys and sum(lab.get("container_id") == f"{4:064x}" for _, lab in grown) == 5
+    col.close()
+
+
+def test_unknown_cgroup_ids_wait_for_a_walk_at_most_every_few_seconds_and_lose_no_counts(tmp_path, monkeypatch):
+    """Cgroups made every run that are not containers (a node's systemd scopes) do not make the collector walk the
+    v2 tree every run: their ids wait, neither attributed nor retired, for a walk UNKNOWN_RESCAN_SECONDS after the
+    last. A new container is walked for at once (inotify); a sub-cgroup made in a container waits like the others
+    and its counts, kept by the kernel, are the container's from the walk on; a removed one is retired then."""
+    from cri_resmgr.collectors import avx512 as A
+
+    root = tmp_path / "cg"
+    make_v2(root, rel(1), Values())
+    t = [10.0]
+    col = Avx512Collector(Avx512CollectorConfig(), Paths(cgroup=root), Topology(), clock=lambda: t[0])
+    src = col.source = FakeSource()
+    col.attribution = choose_attribution("cgroup_id", detect_layout(root))
+    col._cg = CgroupIdResolver(root)
+    walks = [0]
+    scan = CgroupIdResolver.scan
+
+    def counted(self):
+        walks[0] += 1
+        return scan(self)
+
+    monkeypatch.setattr(CgroupIdResolver, "scan", counted)
+
+    def switches(row, cid: str) -> float:
+        return next(v for (m, lab), v in zip(row.keys, row.values.tolist(), strict=True)
+                    if m == M.CONTAINER_CONTEXT_SWITCHES.name and lab["container_id"] == cid)
+
+    col.collect_row(t[0])
+    assert walks[0] == 1
+    key_of = {}
+    for run in range(1, 5):  # a new scope every 2 s
+        t[0] += 2.0
+        d = root / "system.slice" / f"run-{run}.scope"
+        d.mkdir(parents=True)
+        key_of[run] = CounterKey(os.stat(d).st_ino)
+        src.counts[key_of[run]] = Counts(0, 10, 0)
+        col.collect_row(t[0])
+    assert walks[0] == 1, "no walk for them within UNKNOWN_RESCAN_SECONDS of the last"
+    assert all(k in src.counts for k in key_of.values()), "not retired while unknown"
+    sub = root / rel(1) / "init.scope"  # a sub-cgroup in container 1, made between walks
+    sub.mkdir()
+    src.counts[CounterKey(os.stat(sub).st_ino)] = Counts(0, 7, 0)
+    (root / "system.slice" / "run-1.scope").rmdir()
+    t[0] += A.UNKNOWN_RESCAN_SECONDS - 8.0  # 10 s after the walk
+    row = col.collect_row(t[0])
+    assert walks[0] == 2
+    assert switches(row, f"{1:064x}") == 7.0, "the sub-cgroup's counts are its container's from the walk on"
+    assert key_of[1] not in src.counts and all(key_of[r] in src.counts for r in (2, 3, 4)), "the removed retired"
+    make_v2(root, rel(2), Values())  # a new container: inotify, a walk at once
+    t[0] += 2.0
+    d = root / rel(2)
+    src.counts[CounterKey(os.stat(d).st_ino)] = Counts(0, 5, 0)
+    row = col.collect_row(t[0])
+    assert walks[0] == 3 and switches(row, f"{2:064x}") == 5.0
+    col.close()

@@ -40,6 +40,12 @@ RETRY_SECONDS = 60.0  # a failed probe or load is retried this often, not on eve
 WARN_EVERY_SECONDS = 300.0
 # Ids of cgroups other than containers that went away are noticed by a walk this often.
 RESCAN_SECONDS = 60.0
+# A cgroup id in the map that the last walk did not see (a cgroup made since) is looked up by a walk at most this
+# often: new containers are seen at once (inotify), so such an id is nearly always another cgroup (a systemd scope,
+# a runtime's shim, a test's): not a container's, and a node that makes them every second would otherwise walk the
+# whole v2 tree every run. Until the walk its key is neither attributed nor retired; its counts are kept by the
+# kernel and counted from the walk on (they are totals since the key was made).
+UNKNOWN_RESCAN_SECONDS = 10.0
 
 
 @dataclass
@@ -241,16 +247,23 @@ class Avx512Collector(Collector):
         if self._cg is not None:
             # One walk of the v2 tree serves both the id -> path map and container discovery; it is redone
             # only when something changed: inotify saw a container come or go, the map holds a cgroup id the
-            # last walk did not see, or RESCAN_SECONDS passed (ids of other cgroups that went away).
+            # last walk did not see (UNKNOWN_RESCAN_SECONDS after the last walk), or RESCAN_SECONDS passed (ids
+            # of other cgroups that went away).
             if self._v2_discovery is None:
                 self._v2_discovery = ContainerDiscovery(self._cg.v2_root)
             changed = self._v2_discovery.poll()
             paths = self._cg.paths
+            unknown = any(k.cgroup_id not in paths for k in snap.counts)
             if (changed or self._found is None or t - self._scanned_at >= RESCAN_SECONDS
-                    or any(k.cgroup_id not in paths for k in snap.counts)):
-                self._found = containers_in(self._cg.scan().values())
+                    or (unknown and t - self._scanned_at >= UNKNOWN_RESCAN_SECONDS)):
+                found = containers_in(self._cg.scan().values())
+                # The same containers as the last walk keep their identity objects: the row (laid out again when
+                # an identity is another object) and the store's column plan stand across the RESCAN_SECONDS walk.
+                prev = {i.container_id: i for i in self._found or ()}
+                self._found = [p if (p := prev.get(i.container_id)) is not None and p == i else i for i in found]
                 self._scanned_at = t
                 self._assigned = False
+                unknown = False
             containers = {c.container_id: c for c in self.identities(layout, self._found)}
             if not self._assigned:
                 self._cg.assign(list(containers.values()))
@@ -259,10 +272,14 @@ class Avx512Collector(Collector):
             assert self._pid is not None
             containers = {c.container_id: c for c in self.identities(layout)}
             self._pid.refresh(list(containers.values()))
+            unknown = False
 
         live: dict[str, Counts] = {}
         dead: list[CounterKey] = []
+        paths = self._cg.paths if self._cg is not None else {}
         for key, counts in snap.counts.items():
+            if unknown and key.cgroup_id not in paths:
+                continue  # made since the last walk: looked up at the next one
             alive, cid = self._resolve(key, counts)
             if not alive:
                 dead.append(key)
@@ -300,7 +317,10 @@ class Avx512Collector(Collector):
         # A container whose counts stand and whose ratio was 0 (so not active) keeps its slots: its ratio stays
         # 0 however the window slides (no increase of the numerator since the base, or none of the
         # denominator), and the window's base keeps the same counts without the points in between.
-        for cid in [c for c in cids if c not in quiet or totals.get(c, zero) != quiet[c]]:
+        # (Counts are immutable: the same object is the same counts; an idle container without keys has the _ZERO
+        # object in both, so most are passed over without comparing fields.)
+        for cid in [c for c in cids if (kept := quiet.get(c)) is None or ((cur := totals.get(c, zero)) is not kept
+                                                                         and cur != kept)]:
             total = totals.get(cid, zero)
             win = self._windows.get(cid)
             if win is None:

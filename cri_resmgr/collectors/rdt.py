@@ -460,6 +460,14 @@ class RdtCollector(Collector):
         self._dirty = False  # a watch lost its group or was renamed in this run: lay the row out again
         # Containers never watched: their CPU usage when first seen, and whether it moved since (see _credit_idle)
         self._unseen: dict[str, tuple[float, bool]] = {}
+        # Per-run work on every container kept down (1,000 containers, a run every 2 s): refresh_runs as of this
+        # run, the cgroup collector's snapshot _credit_idle last went through and its usages, the RMIDs of the
+        # others' groups as last counted and when, and each container's (identity, priority, QoS rank).
+        self._every: int | None = None
+        self._credit_infos: object = None
+        self._credit_usages: dict[str, float] = {}
+        self._others: tuple[float, int] | None = None
+        self._tier: dict[str, tuple[ContainerIdentity, bool, int]] = {}
         self._lock = threading.Lock()
 
     def reconfigure(self, cfg: RdtCollectorConfig) -> None:
@@ -470,6 +478,7 @@ class RdtCollector(Collector):
                 self._cleaned = False
             self.cfg = cfg
             self._static = None
+            self._tier = {}  # priority selectors and QoS order may have changed
 
     @property
     def control_dir(self) -> Path:
@@ -770,6 +779,7 @@ class RdtCollector(Collector):
         return self._static
 
     def _collect(self, now: float) -> Columns:
+        self._every = self.refresh_runs
         static = self._static
         look = static is None or self._recheck or self.clock() - self._static_at >= STATIC_REFRESH_SECONDS
         if look:
@@ -984,23 +994,35 @@ class RdtCollector(Collector):
         watched, with zero bytes, so their rates are not scaled up for time in which they made no traffic,
         and rotation need not spend a group on them (:meth:`_rotation_class`). Off when every counter is read
         every run (``refresh_runs`` 1: CPU usage is not trusted as a sign of no traffic). Returns the CPU
-        usage of every container as last read (seconds)."""
-        if self.refresh_runs <= 1:
+        usage of every container as last read (seconds).
+
+        The cgroup collector reads less often than this collector runs (5 s and 2 s by default): on a run where its
+        snapshot is the one gone through last time, the never-watched containers' record stands as it is, and a
+        watch whose base is that snapshot's usage is skipped (:meth:`Watch.credit_idle` would change nothing: the
+        same usage at the same time, not after its ``idle_at``)."""
+        if (self._every or self.refresh_runs) <= 1:
             return {}
         infos = getattr(self.discovery, "containers", {})
-        usages = {cid: u for cid, inf in infos.items() if (u := inf.stats.cpu_usage_seconds) is not None}
-        unseen = self._unseen
-        for cid, u in usages.items():
-            w = self.watches.get(cid)
-            if w is not None and w.first_read is not None:
-                continue
-            got = unseen.get(cid)
-            unseen[cid] = (u, False) if got is None else (u, got[1] or got[0] != u)
-        if len(unseen) > len(usages):
-            self._unseen = {cid: v for cid, v in unseen.items() if cid in usages}
+        same = infos is self._credit_infos
+        if same:
+            usages = self._credit_usages
+        else:
+            usages = {cid: u for cid, inf in infos.items() if (u := inf.stats.cpu_usage_seconds) is not None}
+            unseen = self._unseen
+            for cid, u in usages.items():
+                w = self.watches.get(cid)
+                if w is not None and w.first_read is not None:
+                    continue
+                got = unseen.get(cid)
+                unseen[cid] = (u, False) if got is None else (u, got[1] or got[0] != u)
+            if len(unseen) > len(usages):
+                self._unseen = {cid: v for cid, v in unseen.items() if cid in usages}
+            self._credit_infos, self._credit_usages = infos, usages
         row = self._row
         for cid, w in self.watches.items():
             if cid in self.groups or w.first_read is None:
+                continue
+            if same and w.idle_usage is not None and w.idle_usage == usages.get(cid):
                 continue
             inf = infos.get(cid)
             if w.credit_idle(usages.get(cid), min(inf.last_seen, now) if inf is not None else now) and row is not None:
@@ -1015,7 +1037,7 @@ class RdtCollector(Collector):
         was watched (its time is counted as watched with zero bytes, :meth:`_credit_idle`) or, never watched,
         since it was first seen (no bytes to count: its counter starts at its first watch, when it runs). All 0
         when idleness is not trusted."""
-        if self.refresh_runs <= 1:
+        if (self._every or self.refresh_runs) <= 1:
             return 0
         w = self.watches.get(cid)
         if w is None or w.first_read is None:
@@ -1120,7 +1142,13 @@ class RdtCollector(Collector):
     # -- the RMID budget -----------------------------------------------------------------------------
     def rmids_used_by_others(self) -> int:
         """RMIDs held by groups that are not the agent's: the root group's, every other CTRL_MON group's
-        and every MON group that is not ours (each holds one: resctrl.rst, "RMID")."""
+        and every MON group that is not ours (each holds one: resctrl.rst, "RMID"). Counted again at most every
+        STATIC_REFRESH_SECONDS (a listing of every CTRL_MON group's mon_groups; asked at every slice boundary):
+        a group made by someone else meanwhile shows as a failed mkdir, which lowers the budget at once."""
+        got = self._others
+        now = self.clock()
+        if got is not None and now - got[0] < STATIC_REFRESH_SECONDS:
+            return got[1]
         n = 0
         for ctrl in self.ctrl_groups():
             n += 1
@@ -1130,6 +1158,7 @@ class RdtCollector(Collector):
                         n += 1
             except OSError:
                 continue
+        self._others = (now, n)
         return n
 
     def _estimate_capacity(self, info: ResctrlInfo) -> int | None:
@@ -1146,10 +1175,14 @@ class RdtCollector(Collector):
     def _rank_key(self, ident: ContainerIdentity) -> tuple:
         """Most important first: a configured selector, then QoS class, then CPU use."""
         cfg = self.cfg
-        prio = self._is_priority(ident)
-        qos = cfg.qos_order.index(ident.qos_class) if ident.qos_class in cfg.qos_order else len(cfg.qos_order)
+        tier = self._tier.get(ident.container_id)
+        if tier is None or tier[0] is not ident:
+            qos = cfg.qos_order.index(ident.qos_class) if ident.qos_class in cfg.qos_order else len(cfg.qos_order)
+            tier = self._tier[ident.container_id] = (ident, self._is_priority(ident), qos)
+            if len(self._tier) > 4 * max(1024, len(self.watches)):
+                self._tier = {ident.container_id: tier}  # containers gone: start again
         cpu = self._cpu_rate.get(ident.container_id, 0.0) if cfg.rank_by_cpu else 0.0
-        return (not prio, qos, -cpu, ident.container_id)
+        return (not tier[1], tier[2], -cpu, ident.container_id)
 
     def _is_priority(self, ident: ContainerIdentity) -> bool:
         """A ``priority`` selector matches, or the pod says so (``<priority_annotation>/pod: "true"`` or
@@ -1202,7 +1235,7 @@ class RdtCollector(Collector):
             top = self._keep_holders(ranked, fixed_n)
             desired: dict[str, str] = {}
             for ident in top:
-                desired[ident.container_id] = "priority" if self._is_priority(ident) else "ranked"
+                desired[ident.container_id] = "priority" if not self._rank_key(ident)[0] else "ranked"
             rest = sorted((i for i in ranked if i.container_id not in desired),
                           key=lambda i: (self._rotation_class(i.container_id), self._last_watched(i.container_id),
                                          i.container_id))
