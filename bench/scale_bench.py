@@ -13,8 +13,10 @@ Each variant runs in a child process ("the agent"). Per collector: 3 warm-up cyc
 to back, each writing into a store like the agent (perf with software events: the hardware ones answer ENOENT
 here). Whole agent: ``Agent`` with its default configuration (every collector on; perf is down here unless
 ``--perf-sw-events``), at default intervals and, for 200 containers, with every interval at 1 s; CPU time of the
-process over ``--seconds`` after a warm-up. The FUSE server runs in this
-process, so its work is not charged to the child.
+process over ``--seconds`` after a warm-up. The agent is served as ``cri-resmgr run`` serves it (serve.py: the
+FastAPI app under uvicorn, switch interval 1 ms), scraped over HTTP every 15 s and for the /metrics figures, so its
+RSS is the real agent's (``--no-serve``: the agent without its HTTP side, ~15 MB less, as before). The FUSE server
+runs in this process, so its work is not charged to the child.
 
     sudo nice .venv/bin/python bench/scale_bench.py [--containers 200,1000] [--seconds 60]
     # before/after in the same set-up: the previous commit's agent alternating with this one's
