@@ -16,8 +16,10 @@ Each variant runs in a child process ("the agent"). Per collector: 3 warm-up cyc
 to back, each writing into a store like the agent (perf with software events: the hardware ones answer ENOENT
 here). Whole agent: ``Agent`` with its default configuration (every collector on; perf is down here unless
 ``--perf-sw-events``), at default intervals and, for 200 containers, with every interval at 1 s; CPU time of the
-process over ``--seconds`` after a warm-up. The FUSE server runs in this
-process, so its work is not charged to the child.
+process over ``--seconds`` after a warm-up. The agent is served as ``cri-resmgr run`` serves it (serve.py: the
+FastAPI app under uvicorn, switch interval 1 ms), scraped over HTTP every 15 s and for the /metrics figures, so its
+RSS is the real agent's (``--no-serve``: the agent without its HTTP side, ~15 MB less, as before). The FUSE server
+runs in this process, so its work is not charged to the child.
 
     sudo nice .venv/bin/python bench/scale_bench.py [--containers 200,1000] [--seconds 60]
     # every container running now and then (0.2 ms of CPU a second each by default)
@@ -534,6 +536,9 @@ def main() -> None:
                     help="whole agent: without its HTTP side (by default the agent runs as `cri-resmgr run` starts it: "
                          "the FastAPI app under uvicorn, /metrics scraped over HTTP every 15 s and for the /metrics "
                          "figures; without it, the RSS lacks the web stack's ~15 MB)")
+    ap.add_argument("--bytecode", action="store_true",
+                    help="compile the checkouts' cri_resmgr to bytecode first, as an installed wheel has it (without, "
+                         "with PYTHONDONTWRITEBYTECODE set, every agent compiles its sources: ~1 MB more RSS)")
     ap.add_argument("--collectors-only", action="store_true", help="skip the whole-agent runs")
     ap.add_argument("--switch-interval", type=float, action="append", default=None,
                     help="whole agent: sys.setswitchinterval in the agent (as serve.py sets 0.001); repeat to run "
@@ -576,6 +581,11 @@ def main() -> None:
         import shutil
 
         shutil.copy(__file__, other_script)  # the child side of this file runs on the other checkout's code
+    if args.bytecode:  # as pip installs the wheel: the agents import bytecode instead of compiling their sources
+        import compileall
+
+        for tree in [REPO] + ([args.compare] if args.compare is not None else []):
+            compileall.compile_dir(str(Path(tree) / "cri_resmgr"), quiet=1)
     perf_root = find_perf_cgroup_root(CGROUP_ROOT)
     cgroups: list = []
     procs: list[subprocess.Popen] = []
