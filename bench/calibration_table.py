@@ -6,6 +6,11 @@ Markdown table of the fit and the held-out points, and one of the peak fit besid
 slowdowns in %, error = predicted / measured − 1.
 
     .venv/bin/python bench/calibration_table.py bench/calibration/run*.json
+    .venv/bin/python bench/calibration_table.py --series bench/calibration/run2.json   # round by round
+
+``--series`` prints each round of each report instead: clean or not, the probe alone (GB/s), its slowdown at
+the three points and the peak phase's loss (%), and the foreign share: what the medians hide (a change of
+the host's state within a run shows as a run of rounds at another level).
 """
 
 from __future__ import annotations
@@ -71,6 +76,16 @@ def peak_row(name: str, c: Calibration) -> str:
     ]) + " |"
 
 
+def series(name: str, report: dict) -> None:
+    c = pool([report], WEIGHT)
+    print(f"run {name}: round, clean, B_p GB/s, slowdown % at points 1 / 2 / 3, peak loss %, foreign share")
+    for i, r in enumerate(c.rounds):
+        loss = 1 - r.peak_bytes_per_second / (r.first_hog_alone_bytes_per_second + r.hog_alone_bytes_per_second)
+        print(f"{i:4d} {'C' if i in c.clean_rounds else '-'} {r.probe_alone_bytes_per_second / GB:6.2f} "
+              f"{100 * r.slowdown:6.1f} {100 * r.throttled_slowdown:6.1f} {100 * r.second_throttled_slowdown:6.1f} "
+              f"{100 * loss:6.1f} {r.disturbance.foreign_share:5.2f}")
+
+
 def _name(path: Path) -> str:
     m = re.search(r"(\d+)", path.stem)
     return m.group(1) if m else path.stem
@@ -79,8 +94,13 @@ def _name(path: Path) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("reports", nargs="+", type=Path)
+    ap.add_argument("--series", action="store_true", help="each round of each report instead of the tables")
     args = ap.parse_args()
     reports = [json.loads(p.read_text()) for p in args.reports]
+    if args.series:
+        for p, r in zip(args.reports, reports, strict=True):
+            series(_name(p), r)
+        return
     rows = [(_name(p), pool([r], WEIGHT)) for p, r in zip(args.reports, reports, strict=True)]
     pooled = pool(reports, WEIGHT)
     print("| run | clean | foreign % median / max | B_p | B_h | s_t / s_t2 | fitted C | point 1 measured [95 %] "
