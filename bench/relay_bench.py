@@ -137,6 +137,14 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def syscalls(pid: int) -> tuple[int, int]:
+    """Read and write system calls a process made so far (proc(5), /proc/<pid>/io: syscr, syscw; read(2) and
+    write(2) on its sockets count, which is what an event loop on libuv or selectors uses)."""
+    with open(f"/proc/{pid}/io") as f:
+        fields = dict(line.split(": ", 1) for line in f.read().splitlines())
+    return int(fields["syscr"]), int(fields["syscw"])
+
+
 def unary_rounds(stubs, n: int, trace: tuple[Path, dict[str, int], dict[str, int]] | None = None) -> None:
     """Version and ListContainers on every target. With ``trace`` (a directory, the pids of the groups whose
     waits count, and of other processes to name), the Version calls run under ``perf sched record`` and the slow
@@ -450,9 +458,14 @@ def main() -> int:
                   "(run pod, create, start, stop, remove container, stop, remove pod)")
             relays = {"relay": relay, **{f"alt{i}": a for i, a in enumerate(alts, 1)}}
             cpu0 = {k: cpu_seconds(r.proc.pid) for k, r in relays.items()}
+            io0 = {k: syscalls(r.proc.pid) for k, r in relays.items()}
             lifecycles({"direct": kd, "relay": kr, "direct2": kd2, **alt_kubes}, args.lifecycles, args.block)
-            print("    CPU per lifecycle (user + system, all threads): " + ", ".join(
-                f"{k} {1e3 * (cpu_seconds(r.proc.pid) - cpu0[k]) / args.lifecycles:.2f} ms" for k, r in relays.items()))
+            print("    per lifecycle, each relay (all its threads, background work included): CPU (user + system); "
+                  "read and write system calls (7 calls need at least 14 of each)")
+            for k, r in relays.items():
+                reads, writes = (b - a for a, b in zip(io0[k], syscalls(r.proc.pid), strict=True))
+                print(f"      {k:7s} {1e3 * (cpu_seconds(r.proc.pid) - cpu0[k]) / args.lifecycles:.2f} ms CPU, "
+                      f"{reads / args.lifecycles:.1f} reads, {writes / args.lifecycles:.1f} writes")
             for name, proc in relays.items():
                 control = proc.client()
                 try:
