@@ -228,6 +228,11 @@ def lifecycles(kubes: dict[str, Kubelet], n: int, block: int = 1) -> dict[str, l
         sign = "n/a" if st is None else f"[{100 * st.low:+.2f}, {100 * st.high:+.2f}] ({100 * st.coverage:.1f} %)"
         print(f"      {k:7s} {100 * statistics.median(ratios):+.2f} %  sign test {sign}; "
               f"bootstrap [{100 * bs.low:+.2f}, {100 * bs.high:+.2f}]  (n={len(ratios)})")
+    for k in (k for k in kubes if k.startswith("alt")):  # relay trees against each other, paired the same way
+        ratios = [a / b - 1 for a, b in zip(total["relay"], total[k], strict=True)]
+        st = sign_test_interval(ratios)
+        sign = "n/a" if st is None else f"[{100 * st.low:+.2f}, {100 * st.high:+.2f}]"
+        print(f"      relay / {k} - 1: {100 * statistics.median(ratios):+.2f} %  sign test {sign}")
     print("    per call, ms: direct median; for each target: median, and target - direct paired median "
           "[p25, p75]")
     print("      " + f"{'':17s} {'direct':>7s}" + "".join(f" | {k:>7s} {'paired':>7s} {'[p25, p75]':>15s}"
