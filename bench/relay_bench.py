@@ -137,6 +137,14 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def syscalls(pid: int) -> tuple[int, int]:
+    """Read and write system calls a process made so far (proc(5), /proc/<pid>/io: syscr, syscw; read(2) and
+    write(2) on its sockets count, which is what an event loop on libuv or selectors uses)."""
+    with open(f"/proc/{pid}/io") as f:
+        fields = dict(line.split(": ", 1) for line in f.read().splitlines())
+    return int(fields["syscr"]), int(fields["syscw"])
+
+
 def unary_rounds(stubs, n: int, trace: tuple[Path, dict[str, int], dict[str, int]] | None = None) -> None:
     """Version and ListContainers on every target. With ``trace`` (a directory, the pids of the groups whose
     waits count, and of other processes to name), the Version calls run under ``perf sched record`` and the slow
@@ -220,6 +228,11 @@ def lifecycles(kubes: dict[str, Kubelet], n: int, block: int = 1) -> dict[str, l
         sign = "n/a" if st is None else f"[{100 * st.low:+.2f}, {100 * st.high:+.2f}] ({100 * st.coverage:.1f} %)"
         print(f"      {k:7s} {100 * statistics.median(ratios):+.2f} %  sign test {sign}; "
               f"bootstrap [{100 * bs.low:+.2f}, {100 * bs.high:+.2f}]  (n={len(ratios)})")
+    for k in (k for k in kubes if k.startswith("alt")):  # relay trees against each other, paired the same way
+        ratios = [a / b - 1 for a, b in zip(total["relay"], total[k], strict=True)]
+        st = sign_test_interval(ratios)
+        sign = "n/a" if st is None else f"[{100 * st.low:+.2f}, {100 * st.high:+.2f}]"
+        print(f"      relay / {k} - 1: {100 * statistics.median(ratios):+.2f} %  sign test {sign}")
     print("    per call, ms: direct median; for each target: median, and target - direct paired median "
           "[p25, p75]")
     print("      " + f"{'':17s} {'direct':>7s}" + "".join(f" | {k:>7s} {'paired':>7s} {'[p25, p75]':>15s}"
@@ -450,9 +463,14 @@ def main() -> int:
                   "(run pod, create, start, stop, remove container, stop, remove pod)")
             relays = {"relay": relay, **{f"alt{i}": a for i, a in enumerate(alts, 1)}}
             cpu0 = {k: cpu_seconds(r.proc.pid) for k, r in relays.items()}
+            io0 = {k: syscalls(r.proc.pid) for k, r in relays.items()}
             lifecycles({"direct": kd, "relay": kr, "direct2": kd2, **alt_kubes}, args.lifecycles, args.block)
-            print("    CPU per lifecycle (user + system, all threads): " + ", ".join(
-                f"{k} {1e3 * (cpu_seconds(r.proc.pid) - cpu0[k]) / args.lifecycles:.2f} ms" for k, r in relays.items()))
+            print("    per lifecycle, each relay (all its threads, background work included): CPU (user + system); "
+                  "read and write system calls (7 calls need at least 14 of each)")
+            for k, r in relays.items():
+                reads, writes = (b - a for a, b in zip(io0[k], syscalls(r.proc.pid), strict=True))
+                print(f"      {k:7s} {1e3 * (cpu_seconds(r.proc.pid) - cpu0[k]) / args.lifecycles:.2f} ms CPU, "
+                      f"{reads / args.lifecycles:.1f} reads, {writes / args.lifecycles:.1f} writes")
             for name, proc in relays.items():
                 control = proc.client()
                 try:

@@ -361,19 +361,19 @@ def test_crashed_and_oom_killed_containers_release_their_cpus(node):
     assert list(e.state().exclusive) == [nxt]
 
 
-def test_a_shared_release_logs_at_debug_and_an_exclusive_one_at_info(node, caplog):
-    """Every stop releases; only exclusive CPUs given back are worth an info line (the shared release runs on
-    the relay's event loop right after each StopContainer's answer)."""
+def test_a_shared_placement_and_release_log_at_debug_and_exclusive_ones_at_info(node, caplog):
+    """Every create places and every stop releases; only exclusive CPUs taken or given back are worth an info
+    line (both run on the relay's event loop, right after the create's forward and the stop's answer)."""
     rt, make = node
     e = make(min_shared_cpus=2)
     e.start()
     g, b = rt.run_pod("g", "Guaranteed"), rt.run_pod("b", "Burstable")
     for p in (g, b):
         e.pod_added(p)
+    caplog.set_level("DEBUG", logger="cri_resmgr.placement.engine")
     gid, bid = create(e, rt, g, "app", "Guaranteed", 1000), create(e, rt, b, "app", "Burstable", 500)
     for cid in (gid, bid):
         start(e, rt, cid)
-    caplog.set_level("DEBUG", logger="cri_resmgr.placement.engine")
     e.stopped(bid)
     e.stopped(gid)
     released = {r.levelname: r.getMessage() for r in caplog.records if "releasing" in r.getMessage()}
@@ -381,6 +381,9 @@ def test_a_shared_release_logs_at_debug_and_an_exclusive_one_at_info(node, caplo
     assert bid[:12] in released["DEBUG"] and "shared" in released["DEBUG"]
     assert gid[:12] in released["INFO"] and "exclusive" in released["INFO"]
     assert e.state().exclusive == {}
+    placed = {r.levelname: r.getMessage() for r in caplog.records if r.getMessage().startswith("place ")}
+    assert set(placed) == {"DEBUG", "INFO"}  # the shared placement at debug, the exclusive one at info
+    assert "b/app" in placed["DEBUG"] and "g/app" in placed["INFO"]
 
 
 def test_a_hung_pool_update_blocks_no_create_and_the_start_fails_open_bounded(node):

@@ -82,6 +82,9 @@ class Upstream:
     received: list[tuple[str, bytes]] = field(default_factory=list)
     resets: list[int] = field(default_factory=list)
     errors: list[Exception] = field(default_factory=list)
+    ping_each_request: bool = False  # as grpc-go's BDP probe: a PING as each request's data arrives
+    pings: list[bytes] = field(default_factory=list)  # PINGs that reached it
+    ping_acks: list[bytes] = field(default_factory=list)  # acknowledgements of its own PINGs
 
 
 class UpstreamProtocol(asyncio.Protocol):
@@ -112,7 +115,13 @@ class UpstreamProtocol(asyncio.Protocol):
             elif isinstance(ev, h2.events.DataReceived):
                 self.bodies[ev.stream_id] += ev.data
                 self.conn.acknowledge_received_data(ev.flow_controlled_length, ev.stream_id)
+            elif isinstance(ev, h2.events.PingReceived):
+                self.up.pings.append(ev.ping_data)
+            elif isinstance(ev, h2.events.PingAckReceived):
+                self.up.ping_acks.append(ev.ping_data)
             elif isinstance(ev, h2.events.StreamEnded):
+                if self.up.ping_each_request:
+                    self.conn.ping(ev.stream_id.to_bytes(8, "big"))
                 body = bytes(self.bodies.pop(ev.stream_id))
                 msg = body[5:5 + int.from_bytes(body[1:5], "big")]
                 self.up.received.append((self.paths[ev.stream_id], msg))
@@ -145,6 +154,8 @@ class Client:
         self.done: set[int] = set()
         self.bodies: dict[int, bytearray] = {}
         self.terminated: h2.events.ConnectionTerminated | None = None
+        self.pings: list[bytes] = []  # PINGs that reached the client
+        self.ping_acks: list[bytes] = []
         self._flush()
 
     def _flush(self) -> None:
@@ -175,6 +186,10 @@ class Client:
                 self.done.add(sid)
             elif isinstance(ev, h2.events.ConnectionTerminated):
                 self.terminated = ev
+            elif isinstance(ev, h2.events.PingReceived):
+                self.pings.append(ev.ping_data)
+            elif isinstance(ev, h2.events.PingAckReceived):
+                self.ping_acks.append(ev.ping_data)
         self._flush()
 
     def start(self, path: str) -> int:
@@ -373,6 +388,65 @@ def test_a_held_message_over_the_limit_resets_the_stream_and_the_relay_goes_on(p
 
 def raw_frame(ftype: int, flags: int, sid: int, payload: bytes) -> bytes:
     return len(payload).to_bytes(3, "big") + bytes((ftype, flags)) + sid.to_bytes(4, "big") + payload
+
+
+def test_pings_are_answered_by_the_proxy_on_each_side_and_not_passed_on(proxy):
+    """grpc-go's flow-control probe (a PING as a request's data arrives) and the client's own pings cost a
+    round trip through the proxy each if passed on; answered hop by hop, each side still gets its answer."""
+    connect, up, _hooks, _ = proxy
+    up.ping_each_request = True
+    c = connect()
+    for i in range(3):
+        assert c.call(OBSERVE if i % 2 else PASS, b"x" * 100).status == 0
+    wait_for(lambda: len(up.ping_acks) == 3)
+    assert up.ping_acks == [sid.to_bytes(8, "big") for sid in (1, 3, 5)]  # each acknowledged with its payload
+    c.conn.ping(b"client-1")
+    c._flush()
+    deadline = time.monotonic() + 5
+    while not c.ping_acks:
+        assert time.monotonic() < deadline, "the client's PING was never answered"
+        c.pump()
+    assert c.ping_acks == [b"client-1"]
+    assert c.call(PASS, b"after").status == 0  # the connection goes on
+    assert c.pings == [] and up.pings == []  # neither side's PINGs reached the other
+    assert not up.errors and c.terminated is None
+
+
+def test_a_client_that_pings_without_reading_stalls_only_itself(proxy, tmp_path):
+    """Each PING the proxy answers is 17 bytes it writes to the client: a client that never reads must not make
+    it buffer without limit. It stops reading that client until the client reads; the others are served."""
+    connect, _up, _hooks, _ = proxy
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(str(tmp_path / "px.sock"))
+    s.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + raw_frame(4, 0, 0, b""))
+    batch = b"".join(raw_frame(6, 0, 0, i.to_bytes(8, "big")) for i in range(4096))  # 68 kB of PINGs
+    s.setblocking(False)
+    sent, deadline = 0, time.monotonic() + 3
+    while sent < 64 << 20 and time.monotonic() < deadline:  # try 64 MB (3.7 million PINGs)
+        try:
+            sent += s.send(batch)
+        except BlockingIOError:
+            time.sleep(0.01)
+    assert sent < 8 << 20, sent  # the proxy stopped reading: only the sockets' and transports' buffers took it
+    c = connect()
+    assert c.call(PASS, b"others are served").status == 0
+    s.setblocking(True)
+    s.settimeout(10)
+    acks, buf = 0, b""
+    want = sent // 17  # every PING that went out is answered once the client reads
+    while acks < want:
+        buf += s.recv(1 << 16)
+        pos = 0
+        while len(buf) - pos >= 9:
+            n = int.from_bytes(buf[pos:pos + 3], "big")
+            if len(buf) - pos < 9 + n:
+                break
+            if buf[pos + 3] == 6 and buf[pos + 4] & 1:
+                acks += 1
+            pos += 9 + n
+        buf = buf[pos:]
+    s.close()
+    assert acks == want
 
 
 def test_a_continuation_flood_ends_that_connection_only(proxy, tmp_path):

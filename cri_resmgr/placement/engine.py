@@ -347,7 +347,9 @@ class Engine:
             self._pending[r.token] = r
         args = (c.namespace, c.pod_name, c.name, c.qos_class or "no QoS", c.cpu_request_milli, kind, c.cpus, c.mems,
                 p.reason)
-        self._later(lambda: log.info("place %s/%s/%s (%s, %dm): %s cpus %s mems %s (%s)", *args))
+        # A container joining the shared pool is every create's routine (debug); CPUs of its own are news (info).
+        level = logging.DEBUG if kind == Kind.SHARED else logging.INFO
+        self._later(lambda: log.log(level, "place %s/%s/%s (%s, %dm): %s cpus %s mems %s (%s)", *args))
         return r
 
     def _refresh_exits(self, timeout: float = 1.0) -> bool:

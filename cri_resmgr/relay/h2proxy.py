@@ -21,6 +21,11 @@ What the proxy does look at:
   it later sends to the runtime out of the runtime's next connection WINDOW_UPDATEs to the client, and tracks
   the runtime's connection and stream windows itself, queueing DATA that does not fit until the runtime
   opens them;
+- PING (RFC 9113 §6.7) is answered by the proxy itself on each connection, hop by hop, and not passed on: the
+  runtime's flow-control probes (grpc-go sends one as a request's DATA arrives) and the client's otherwise cost
+  a round trip through the proxy each, two more wake-ups of the proxy, the client and the runtime while the
+  runtime works on the call (measured: about one per CRI call, both ways). Both ends then time the hop to
+  the proxy; a peer that pings without reading the answers stops being read (below);
 - the end of a call is sent to the client first; the completion hook (the books' work), metrics and timing
   run right after, in the same event-loop callback (so before anything else the client sends is read).
 
@@ -28,6 +33,10 @@ A held request is timed point by point (:class:`RewriteTiming`; the control sock
 a benchmark can tell where its added time goes.
 
 What the proxy bounds (so that no peer can make it hold memory without limit):
+
+- what it writes to the client (answers, its own PING acknowledgements, window updates): while more than the
+  transport's high-water mark waits for the client to read it, the proxy reads nothing more from the client
+  (nor from the runtime for it), so a client that sends without reading stalls only itself;
 
 - a header block (HEADERS + CONTINUATION frames, RFC 9113 §6.10) is at most ``max_header_block`` bytes
   (default 16 MiB, grpc-go's default header list limit, which containerd keeps). A block cannot be cut short
@@ -356,8 +365,19 @@ class Pair:
         self._ended: list[_Stream] = []
         # Timed held requests whose bytes wait in the lists above: stamped once the lists went to the sockets.
         self._forward_stamps: list[RewriteTiming] = []
+        self._client_holds: set[str] = set()  # why the client is not read from: "client" or "runtime" not reading
         self.reads = 0  # data_received calls from the client (RewriteTiming.reads)
         self.read_at = 0.0  # when the latest began (RewriteTiming.arrived)
+
+    def hold_client(self, why: str, held: bool) -> None:
+        """Stop reading the client while any reason holds (each side's write buffer over its high-water mark)."""
+        before = bool(self._client_holds)
+        if held:
+            self._client_holds.add(why)
+        else:
+            self._client_holds.discard(why)
+        if before != bool(self._client_holds) and not self.closed:
+            (self.client.pause_reading if self._client_holds else self.client.resume_reading)()
 
     # -- client -> runtime --------------------------------------------------------------------------
     def from_client(self, data: bytes) -> None:
@@ -447,6 +467,11 @@ class Pair:
                     self._goaway_client("request header block larger than "
                                         f"{self.proxy.max_header_block} bytes")
                     return
+            elif ftype == PING and not flags & F_ACK and length == 8 and not sid:
+                if pos > run:
+                    out.append(bytes(buf[run:pos]))
+                run = end
+                back.append(frame(PING, F_ACK, 0, bytes(buf[pos + 9:end])))  # answered here (module doc)
             elif ftype == RST_STREAM:  # forwarded in the run; what it ends writes only to the client
                 self._drop_blocked(sid)
                 st = self.streams.get(sid)
@@ -564,6 +589,7 @@ class Pair:
         buf = d.buf
         pos = 0
         run = 0  # as in from_client: frames forwarded as they are go out as one slice, buf[run:pos]
+        acks: list[bytes] = []  # the runtime's PINGs, answered here (module doc)
         n = len(buf)
         while n - pos >= 9:
             hi, lo, ftype, flags, sid = _frame_head(buf, pos)
@@ -605,6 +631,11 @@ class Pair:
                     self.up_streams[sid] += inc
                 if self.blocked:
                     self._flush_blocked()  # writes to the runtime, not into ``out``
+            elif ftype == PING and not flags & F_ACK and length == 8 and not sid:
+                if pos > run:
+                    out.append(bytes(buf[run:pos]))
+                run = end
+                acks.append(frame(PING, F_ACK, 0, bytes(buf[pos + 9:end])))
             elif ftype == RST_STREAM:
                 st = self.streams.get(sid)
                 if st is not None:
@@ -631,6 +662,8 @@ class Pair:
         self._s2c_out = None
         if out:
             self._to_client(b"".join(out))
+        if acks:
+            self._to_upstream(b"".join(acks))
         if self._ended:
             self._report_ended()
 
@@ -923,12 +956,17 @@ class _ClientProtocol(asyncio.Protocol):
             self.pair.close("client went away")
 
     def pause_writing(self) -> None:
-        if self.pair and self.pair.upstream:
-            self.pair.upstream.pause_reading()
+        # The client is not reading what the proxy writes it: nothing more is read for it, from either side.
+        if self.pair:
+            if self.pair.upstream:
+                self.pair.upstream.pause_reading()
+            self.pair.hold_client("client", True)
 
     def resume_writing(self) -> None:
-        if self.pair and self.pair.upstream:
-            self.pair.upstream.resume_reading()
+        if self.pair:
+            if self.pair.upstream:
+                self.pair.upstream.resume_reading()
+            self.pair.hold_client("client", False)
 
 
 class _UpstreamProtocol(asyncio.Protocol):
@@ -953,10 +991,10 @@ class _UpstreamProtocol(asyncio.Protocol):
         self.pair.close("runtime connection lost")
 
     def pause_writing(self) -> None:
-        self.pair.client.pause_reading()
+        self.pair.hold_client("runtime", True)
 
     def resume_writing(self) -> None:
-        self.pair.client.resume_reading()
+        self.pair.hold_client("runtime", False)
 
 
 class _ErrorResponder:
