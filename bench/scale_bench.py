@@ -18,7 +18,7 @@ here). Whole agent: ``Agent`` with its default configuration (every collector on
 ``--perf-sw-events``), at default intervals and, for 200 containers, with every interval at 1 s; CPU time of the
 process over ``--seconds`` after a warm-up. The agent is served as ``cri-resmgr run`` serves it (serve.py: the
 FastAPI app under uvicorn, switch interval 1 ms), scraped over HTTP every 15 s and for the /metrics figures, so its
-RSS is the real agent's (``--no-serve``: the agent without its HTTP side, ~15 MB less, as before). The FUSE server
+RSS is the real agent's (``--no-serve``: the agent without its HTTP side, ~20 MB less, as before). The FUSE server
 runs in this process, so its work is not charged to the child.
 
     sudo nice .venv/bin/python bench/scale_bench.py [--containers 200,1000] [--seconds 60]
@@ -535,7 +535,7 @@ def main() -> None:
     ap.add_argument("--no-serve", action="store_true",
                     help="whole agent: without its HTTP side (by default the agent runs as `cri-resmgr run` starts it: "
                          "the FastAPI app under uvicorn, /metrics scraped over HTTP every 15 s and for the /metrics "
-                         "figures; without it, the RSS lacks the web stack's ~15 MB)")
+                         "figures; without it, the RSS lacks the web stack's ~20 MB)")
     ap.add_argument("--bytecode", action="store_true",
                     help="compile the checkouts' cri_resmgr to bytecode first, as an installed wheel has it (without, "
                          "with PYTHONDONTWRITEBYTECODE set, every agent compiles its sources: ~1 MB more RSS)")
