@@ -13,9 +13,11 @@ the peak and q the latency over the idle latency::
 
 (largest residual 0.046 at ρ = 0.5; q(0.97) = 1.51 as measured). Nothing of the machine it is used on
 goes into the shape: only the domain's capacity (``numa_bandwidth_bytes_per_second``), which
-``cri-resmgr rebalance --calibrate`` fits to a measured peak phase — the capacity at which this curve loses
-what the node's streams lost together; on a node whose cores can saturate its memory that is near the peak
-they reach, on a small VM slice of a big server far above it (docs/rebalancer.md, *Calibration*).
+``cri-resmgr rebalance --calibrate`` fits to the measured slowdown of a memory-bound probe beside a
+full bandwidth hog — the capacity at which this curve predicts that slowdown — and checks at two held-out
+loads; on a node whose cores can saturate its memory that is near the peak they reach, on a small VM slice
+of a big server far above it (docs/rebalancer.md, *Calibration*: 422 GB/s pooled on a 2-vCPU slice that
+draws 31 GB/s).
 
 Memory-bound work is closed-loop: a container that waits longer for memory issues its requests more
 slowly, so with offered load ``x = Σ bandwidth / capacity`` (the containers' bandwidths as measured,
