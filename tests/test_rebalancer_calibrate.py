@@ -83,16 +83,28 @@ def test_a_throttled_hog_streams_about_its_duty_of_the_time():
     p = _worker("hog", cpu, 32, "read")
     try:
         assert p.stdout.readline().strip() == "ready"
-        rates = {}
-        for duty in (1.0, 0.5, 1.0, 0.5):
-            t = time.time() + 0.05
-            p.stdin.write(f"{t} {t + 0.2} {duty}\n")
-            p.stdin.flush()
-            r = json.loads(p.stdout.readline())
-            assert r["duty"] == duty and r["cpu_seconds"] > 0.15  # it spins: its CPU stays busy
-            rates.setdefault(duty, []).append(r["bytes"] / r["cpu_seconds"])
-        # Half the time streaming: well under the full rate, well over nothing (the spin costs some time too).
-        assert 0.2 < max(rates[0.5]) / min(rates[1.0]) < 0.75
+        # Up to three attempts: another process on the same CPU takes the worker's time for a slice and a spinning
+        # worker then looks like a sleeping one; a worker that sleeps instead of spinning fails every attempt.
+        failures = []
+        for _ in range(3):
+            rates: dict[float, list[float]] = {}
+            cpu_seconds = []
+            for duty in (1.0, 0.5, 1.0, 0.5):
+                t = time.time() + 0.05
+                p.stdin.write(f"{t} {t + 0.2} {duty}\n")
+                p.stdin.flush()
+                r = json.loads(p.stdout.readline())
+                assert r["duty"] == duty
+                cpu_seconds.append(r["cpu_seconds"])
+                rates.setdefault(duty, []).append(r["bytes"] / r["cpu_seconds"])
+            ratio = max(rates[0.5]) / min(rates[1.0])
+            # It spins (its CPU stays busy); half the time streaming: well under the full rate, well over nothing
+            # (the spin costs some time too).
+            if min(cpu_seconds) > 0.15 and 0.2 < ratio < 0.75:
+                break
+            failures.append((cpu_seconds, ratio))
+        else:
+            raise AssertionError(f"CPU seconds per 0.2 s slice and rate ratio of each attempt: {failures}")
     finally:
         p.stdin.close()
         assert p.wait(timeout=30) == 0
