@@ -47,6 +47,15 @@ class RefWindow(RatioWindow):
         return _update(self, *a)
 
 
+def fake_collector(root, t: list[float], cfg: Avx512CollectorConfig | None = None) -> Avx512Collector:
+    """A collector over the cgroup tree at ``root`` reading a FakeSource, on the clock ``t[0]``."""
+    col = Avx512Collector(cfg or Avx512CollectorConfig(), Paths(cgroup=root), Topology(), clock=lambda: t[0])
+    col.source = FakeSource()
+    col.attribution = choose_attribution("cgroup_id", detect_layout(root))
+    col._cg = CgroupIdResolver(root)
+    return col
+
+
 def reference(windows, active, totals, cids, t, cfg):
     """The old collect(): every container's window and flag updated on every run."""
     out = {}
@@ -66,10 +75,8 @@ def test_row_computes_only_changed_containers_and_equals_the_per_sample_values(t
         make_v2(root, rel(n), Values())
     t = [10.0]
     cfg = Avx512CollectorConfig(interval_seconds=2, window_seconds=6)
-    col = Avx512Collector(cfg, Paths(cgroup=root), Topology(), clock=lambda: t[0])
-    src = col.source = FakeSource()
-    col.attribution = choose_attribution("cgroup_id", detect_layout(root))
-    col._cg = CgroupIdResolver(root)
+    col = fake_collector(root, t, cfg)
+    src = col.source
     col._attach_t = 0.0
     calls = [0]
 
@@ -132,10 +139,7 @@ def test_removed_container_drops_its_state(tmp_path):
     for n in (1, 2):
         make_v2(root, rel(n), Values())
     t = [10.0]
-    col = Avx512Collector(Avx512CollectorConfig(), Paths(cgroup=root), Topology(), clock=lambda: t[0])
-    col.source = FakeSource()
-    col.attribution = choose_attribution("cgroup_id", detect_layout(root))
-    col._cg = CgroupIdResolver(root)
+    col = fake_collector(root, t)
     col.collect_row(t[0])
     assert set(col._quiet) == {f"{1:064x}", f"{2:064x}"}
     shutil.rmtree(root / rel(2))
@@ -154,10 +158,7 @@ def test_the_periodic_rescan_keeps_the_row_and_its_keys_when_no_container_change
     for n in (1, 2, 3):
         make_v2(root, rel(n), Values())
     t = [10.0]
-    col = Avx512Collector(Avx512CollectorConfig(), Paths(cgroup=root), Topology(), clock=lambda: t[0])
-    col.source = FakeSource()
-    col.attribution = choose_attribution("cgroup_id", detect_layout(root))
-    col._cg = CgroupIdResolver(root)
+    col = fake_collector(root, t)
     keys = col.collect_row(t[0]).keys
     walked = col._scanned_at
     t[0] += RESCAN_SECONDS + 1
@@ -181,10 +182,8 @@ def test_unknown_cgroup_ids_wait_for_a_walk_at_most_every_few_seconds_and_lose_n
     root = tmp_path / "cg"
     make_v2(root, rel(1), Values())
     t = [10.0]
-    col = Avx512Collector(Avx512CollectorConfig(), Paths(cgroup=root), Topology(), clock=lambda: t[0])
-    src = col.source = FakeSource()
-    col.attribution = choose_attribution("cgroup_id", detect_layout(root))
-    col._cg = CgroupIdResolver(root)
+    col = fake_collector(root, t)
+    src = col.source
     walks = [0]
     scan = CgroupIdResolver.scan
 
