@@ -2,8 +2,9 @@
 their distribution: the sign test's order-statistic interval, and a percentile bootstrap as a cross-check.
 
 The sign-test interval for a median (Conover, *Practical Nonparametric Statistics*, 3rd ed., section 3.2, the
-"confidence interval for a quantile"): with the n values sorted, x(1) <= ... <= x(n), the interval
-[x(k), x(n + 1 - k)] covers the median with probability 1 - 2 P(B <= k - 1), B ~ Binomial(n, 1/2). k is the
+"confidence interval for a quantile"; the rank is the project's,
+:func:`cri_resmgr.rebalancer.calibrate.sign_test_rank`): with the n values sorted, x(1) <= ... <= x(n), the
+interval [x(k), x(n + 1 - k)] covers the median with probability 1 - 2 P(B <= k - 1), B ~ Binomial(n, 1/2). k is the
 largest for which that is at least the confidence asked for. Pure functions: tested in
 ``tests/test_bench_paired.py`` against hand-computed binomial tails.
 """
@@ -15,6 +16,8 @@ import random
 import statistics
 from collections.abc import Sequence
 from typing import NamedTuple
+
+from cri_resmgr.rebalancer.calibrate import sign_test_rank  # the rank median_interval uses: one definition
 
 
 class Interval(NamedTuple):
@@ -28,15 +31,6 @@ def binomial_half_cdf(n: int, k: int) -> float:
     if k < 0:
         return 0.0
     return sum(math.comb(n, i) for i in range(min(k, n) + 1)) / 2 ** n
-
-
-def sign_test_rank(n: int, confidence: float = 0.95) -> int:
-    """The 1-based rank k of the lower end of the sign-test interval; 0 when n is too small for ``confidence``."""
-    alpha_half = (1.0 - confidence) / 2
-    k = 0
-    while k + 1 <= n // 2 and binomial_half_cdf(n, k) <= alpha_half:  # P(B <= (k+1) - 1) small enough
-        k += 1
-    return k
 
 
 def sign_test_interval(xs: Sequence[float], confidence: float = 0.95) -> Interval | None:

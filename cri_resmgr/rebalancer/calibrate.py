@@ -496,14 +496,20 @@ def median_interval(values: Sequence[float], confidence: float = CONFIDENCE) -> 
     n = len(xs)
     if n == 0:
         raise ValueError("no values")
+    k = max(sign_test_rank(n, confidence), 1)
+    return xs[k - 1], xs[n - k]
+
+
+def sign_test_rank(n: int, confidence: float = CONFIDENCE) -> int:
+    """The 1-based rank ``k`` of the sign-test interval's lower end for ``n`` values (:func:`median_interval`):
+    the largest with ``2 P(Binomial(n, ½) < k) ≤ 1 − confidence``; 0 when ``n`` is too small for ``confidence``."""
     k, tail = 0, 0.0
     while k < n // 2:
         tail += math.comb(n, k) / 2.0**n  # P(B ≤ k)
         if 2 * tail > 1.0 - confidence:
             break
         k += 1
-    k = max(k, 1)
-    return xs[k - 1], xs[n - k]
+    return k
 
 
 def trimmed_mean(values: Sequence[float], trim: float = TRIM) -> float:
