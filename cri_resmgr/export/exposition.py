@@ -122,18 +122,20 @@ def _pairs_text(labels: Iterable[tuple[str, str]]) -> str:
     return ",".join(f'{k}="{_escape_label(v)}"' for k, v in labels)
 
 
-def exposition_order(labels: _Labels) -> list[tuple[str, str]]:
-    """The order a series' labels are written in: the container's labels (:data:`metrics.CONTAINER_LABELS`)
+def _split(labels: _Labels) -> tuple[_Labels, _Labels]:
+    """A series' labels in the order they are written: the container's labels (:data:`metrics.CONTAINER_LABELS`)
     first, then the others, each part in the order given (the store's: sorted). The text format leaves the order
     free; this one lets the container's part of the text be shared by all its series (PSI's ``resource`` and
     ``kind``, RDT's ``domain`` come after it)."""
-    return [p for p in labels if p[0] in _CONTAINER_LABELS] + [p for p in labels if p[0] not in _CONTAINER_LABELS]
+    ident = tuple(p for p in labels if p[0] in _CONTAINER_LABELS)
+    rest = tuple(p for p in labels if p[0] not in _CONTAINER_LABELS) if len(ident) < len(labels) else ()
+    return ident, rest
 
 
 class _LabelText:
     """The ``{labels} `` text of a series as two shared parts: the head (``{`` and the container's labels, one
     string per container) and the tail (the other labels and ``} ``, one string per distinct rest: ``cpu="3"``,
-    ``kind="some",resource="io"``), in :func:`exposition_order`."""
+    ``kind="some",resource="io"``), in the order of :func:`_split`."""
 
     def __init__(self) -> None:
         self._heads: dict[_Labels, str] = {}
@@ -143,8 +145,7 @@ class _LabelText:
     def of(self, labels: _Labels) -> tuple[str, str]:
         if not labels:
             return "", " "
-        ident = tuple(p for p in labels if p[0] in _CONTAINER_LABELS)
-        rest = tuple(p for p in labels if p[0] not in _CONTAINER_LABELS) if len(ident) < len(labels) else ()
+        ident, rest = _split(labels)
         head = self._heads.get(ident)
         if head is None:
             head = self._heads[ident] = "{" + _pairs_text(ident)
@@ -163,8 +164,7 @@ class _LabelText:
         old_heads, old_tails = self._heads, self._tails
         self._heads, self._tails = {}, {}
         for labels in {id(lk): lk for lk in used()}.values():
-            ident = tuple(p for p in labels if p[0] in _CONTAINER_LABELS)
-            rest = tuple(p for p in labels if p[0] not in _CONTAINER_LABELS)
+            ident, rest = _split(labels)
             if ident in old_heads:
                 self._heads[ident] = old_heads[ident]
             if (rest, bool(ident)) in old_tails:

@@ -34,6 +34,7 @@ import grpc
 
 from .. import metrics as M
 from ..config import Config, ConfigError, parse_listen
+from ..export.exposition import CONTENT_TYPE
 from ..placement.controllers.manager import ControlManager
 from ..placement.engine import Engine, EngineSettings
 from ..runfiles import SocketInUse, StartupError, claim_run_dirs, claim_socket
@@ -84,7 +85,7 @@ class _MetricsHandler(BaseHTTPRequestHandler):
             return
         body = self.text_fn().encode()
         self.send_response(200)
-        self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+        self.send_header("Content-Type", CONTENT_TYPE)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
