@@ -1172,8 +1172,9 @@ class RdtCollector(Collector):
             est = self._learned_capacity if est is None else min(est, self._learned_capacity)
         return est
 
-    def _rank_key(self, ident: ContainerIdentity) -> tuple:
-        """Most important first: a configured selector, then QoS class, then CPU use."""
+    def _tier_of(self, ident: ContainerIdentity) -> tuple[bool, int]:
+        """Whether a ``priority`` selector matches the container (:meth:`_is_priority`), and its QoS class's place in
+        ``qos_order``: worked out once per identity object."""
         cfg = self.cfg
         tier = self._tier.get(ident.container_id)
         if tier is None or tier[0] is not ident:
@@ -1181,8 +1182,13 @@ class RdtCollector(Collector):
             tier = self._tier[ident.container_id] = (ident, self._is_priority(ident), qos)
             if len(self._tier) > 4 * max(1024, len(self.watches)):
                 self._tier = {ident.container_id: tier}  # containers gone: start again
-        cpu = self._cpu_rate.get(ident.container_id, 0.0) if cfg.rank_by_cpu else 0.0
-        return (not tier[1], tier[2], -cpu, ident.container_id)
+        return tier[1], tier[2]
+
+    def _rank_key(self, ident: ContainerIdentity) -> tuple:
+        """Most important first: a configured selector, then QoS class, then CPU use."""
+        prio, qos = self._tier_of(ident)
+        cpu = self._cpu_rate.get(ident.container_id, 0.0) if self.cfg.rank_by_cpu else 0.0
+        return (not prio, qos, -cpu, ident.container_id)
 
     def _is_priority(self, ident: ContainerIdentity) -> bool:
         """A ``priority`` selector matches, or the pod says so (``<priority_annotation>/pod: "true"`` or
@@ -1235,7 +1241,7 @@ class RdtCollector(Collector):
             top = self._keep_holders(ranked, fixed_n)
             desired: dict[str, str] = {}
             for ident in top:
-                desired[ident.container_id] = "priority" if not self._rank_key(ident)[0] else "ranked"
+                desired[ident.container_id] = "priority" if self._tier_of(ident)[0] else "ranked"
             rest = sorted((i for i in ranked if i.container_id not in desired),
                           key=lambda i: (self._rotation_class(i.container_id), self._last_watched(i.container_id),
                                          i.container_id))
