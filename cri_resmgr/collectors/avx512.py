@@ -244,6 +244,7 @@ class Avx512Collector(Collector):
         mono_ns = time.clock_gettime_ns(time.CLOCK_MONOTONIC)  # bpf_ktime_get_ns() is CLOCK_MONOTONIC
         # Discover after reading the map: a key read above whose cgroup is absent now has really gone.
         layout = self.attribution.ident_layout
+        walked: dict[int, str] | None = None  # set: keys of cgroups the last walk did not see wait for the next
         if self._cg is not None:
             # One walk of the v2 tree serves both the id -> path map and container discovery; it is redone
             # only when something changed: inotify saw a container come or go, the map holds a cgroup id the
@@ -263,7 +264,8 @@ class Avx512Collector(Collector):
                 self._found = [p if (p := prev.get(i.container_id)) is not None and p == i else i for i in found]
                 self._scanned_at = t
                 self._assigned = False
-                unknown = False
+            elif unknown:
+                walked = paths
             containers = {c.container_id: c for c in self.identities(layout, self._found)}
             if not self._assigned:
                 self._cg.assign(list(containers.values()))
@@ -272,13 +274,11 @@ class Avx512Collector(Collector):
             assert self._pid is not None
             containers = {c.container_id: c for c in self.identities(layout)}
             self._pid.refresh(list(containers.values()))
-            unknown = False
 
         live: dict[str, Counts] = {}
         dead: list[CounterKey] = []
-        paths = self._cg.paths if self._cg is not None else {}
         for key, counts in snap.counts.items():
-            if unknown and key.cgroup_id not in paths:
+            if walked is not None and key.cgroup_id not in walked:
                 continue  # made since the last walk: looked up at the next one
             alive, cid = self._resolve(key, counts)
             if not alive:
