@@ -1,7 +1,7 @@
 """The relay's HTTP/2 proxy driven by independent HTTP/2 peers (the ``h2`` library) on both sides, in process:
 flow-control windows around held requests, padding, RST_STREAM during a held request, rewrites that change the
-message size, and the limits (a CONTINUATION flood, a held message over its limit) that end a stream or a
-connection while the relay goes on serving.
+message size, connection credit held back for the client until the answer, and the limits (a CONTINUATION flood, a
+held message over its limit) that end a stream or a connection while the relay goes on serving.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from cri_resmgr.relay.h2proxy import (
     IN_WORKER,
     MAX_HEADER_BLOCK,
     MAX_HELD_MESSAGE,
+    WINDOW_HOLD_SECONDS,
     Exchange,
     Hooks,
     InWorker,
@@ -36,6 +37,7 @@ from cri_resmgr.relay.h2proxy import (
 )
 
 REWRITE, OBSERVE, PASS = "/t.S/Rewrite", "/t.S/Observe", "/t.S/Pass"
+HUNG = "/t.S/Hung"  # passed through; the runtime never answers it
 HEADER_LIMIT, HELD_LIMIT = 256 << 10, 512 << 10
 
 
@@ -86,6 +88,13 @@ class Upstream:
     ping_each_request: bool = False  # as grpc-go's BDP probe: a PING as each request's data arrives
     pings: list[bytes] = field(default_factory=list)  # PINGs that reached it
     ping_acks: list[bytes] = field(default_factory=list)  # acknowledgements of its own PINGs
+    # As grpc-go: the connection window granted back for each DATA frame at once, a stream's once a quarter of its
+    # window is pending (even after END_STREAM). Else h2's own policy: granted once half a window is consumed.
+    grpc_go_windows: bool = False
+    answer_delay_seconds: float = 0.0  # the runtime works this long on each call before it answers
+    preface_delay_seconds: float = 0.0  # its SETTINGS (and all else) reach the proxy this late
+    initial_window_grant: int = 0  # a connection WINDOW_UPDATE right after its SETTINGS, as grpc C-core's server
+    conns: list[UpstreamProtocol] = field(default_factory=list)
 
 
 class UpstreamProtocol(asyncio.Protocol):
@@ -96,11 +105,29 @@ class UpstreamProtocol(asyncio.Protocol):
         self.conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False, header_encoding="utf-8"))
         self.bodies: dict[int, bytearray] = {}
         self.paths: dict[int, str] = {}
+        self.stream_pending: dict[int, int] = {}  # grpc_go_windows: bytes read on a stream, not yet granted back
+        self.deferred: list[bytes] | None = None  # written once the preface delay is over
+        up.conns.append(self)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.t = cast(asyncio.Transport, transport)  # uvloop's transports do not subclass asyncio's
         self.conn.initiate_connection()
-        self.t.write(self.conn.data_to_send())
+        if self.up.initial_window_grant:
+            self.conn.increment_flow_control_window(self.up.initial_window_grant)
+        if self.up.preface_delay_seconds:
+            self.deferred = []
+            asyncio.get_running_loop().call_later(self.up.preface_delay_seconds, self.end_delay)
+        self.write(self.conn.data_to_send())
+
+    def write(self, data: bytes) -> None:
+        if self.deferred is not None:
+            self.deferred.append(data)
+        else:
+            self.t.write(data)
+
+    def end_delay(self) -> None:
+        deferred, self.deferred = self.deferred or [], None
+        self.t.write(b"".join(deferred))
 
     def data_received(self, data: bytes) -> None:
         try:
@@ -115,7 +142,16 @@ class UpstreamProtocol(asyncio.Protocol):
                 self.paths[ev.stream_id] = dict(ev.headers)[":path"]
             elif isinstance(ev, h2.events.DataReceived):
                 self.bodies[ev.stream_id] += ev.data
-                self.conn.acknowledge_received_data(ev.flow_controlled_length, ev.stream_id)
+                n = ev.flow_controlled_length
+                if not self.up.grpc_go_windows:
+                    self.conn.acknowledge_received_data(n, ev.stream_id)
+                elif n:
+                    self.conn.increment_flow_control_window(n)
+                    pending = self.stream_pending.get(ev.stream_id, 0) + n
+                    if pending >= 65535 // 4:
+                        self.conn.increment_flow_control_window(pending, ev.stream_id)
+                        pending = 0
+                    self.stream_pending[ev.stream_id] = pending
             elif isinstance(ev, h2.events.PingReceived):
                 self.up.pings.append(ev.ping_data)
             elif isinstance(ev, h2.events.PingAckReceived):
@@ -126,13 +162,26 @@ class UpstreamProtocol(asyncio.Protocol):
                 body = bytes(self.bodies.pop(ev.stream_id))
                 msg = body[5:5 + int.from_bytes(body[1:5], "big")]
                 self.up.received.append((self.paths[ev.stream_id], msg))
-                self.conn.send_headers(ev.stream_id, [(":status", "200"), ("content-type", "application/grpc")])
-                self.conn.send_data(ev.stream_id, grpc_frame(digest(msg)))
-                self.conn.send_headers(ev.stream_id, [("grpc-status", "0")], end_stream=True)
+                if self.paths[ev.stream_id] == HUNG:
+                    continue
+                if self.up.answer_delay_seconds:
+                    asyncio.get_running_loop().call_later(self.up.answer_delay_seconds, self.answer_later,
+                                                          ev.stream_id, msg)
+                else:
+                    self.answer(ev.stream_id, msg)
             elif isinstance(ev, h2.events.StreamReset):
                 self.up.resets.append(ev.stream_id)
                 self.bodies.pop(ev.stream_id, None)
-        self.t.write(self.conn.data_to_send())
+        self.write(self.conn.data_to_send())
+
+    def answer(self, sid: int, msg: bytes) -> None:
+        self.conn.send_headers(sid, [(":status", "200"), ("content-type", "application/grpc")])
+        self.conn.send_data(sid, grpc_frame(digest(msg)))
+        self.conn.send_headers(sid, [("grpc-status", "0")], end_stream=True)
+
+    def answer_later(self, sid: int, msg: bytes) -> None:
+        self.answer(sid, msg)
+        self.write(self.conn.data_to_send())
 
 
 @dataclass
@@ -157,6 +206,7 @@ class Client:
         self.terminated: h2.events.ConnectionTerminated | None = None
         self.pings: list[bytes] = []  # PINGs that reached the client
         self.ping_acks: list[bytes] = []
+        self.reads: list[list[h2.events.Event]] = []  # the events of each socket read
         self._flush()
 
     def _flush(self) -> None:
@@ -168,7 +218,9 @@ class Client:
         data = self.s.recv(1 << 16)
         if not data:
             raise EOFError("proxy closed the connection")
-        for ev in self.conn.receive_data(data):
+        events = self.conn.receive_data(data)
+        self.reads.append(events)
+        for ev in events:
             sid = getattr(ev, "stream_id", 0)
             r = self.results.setdefault(sid, Result()) if sid else None
             if isinstance(ev, (h2.events.ResponseReceived, h2.events.TrailersReceived)):
@@ -200,14 +252,16 @@ class Client:
         self._flush()
         return sid
 
-    def send(self, sid: int, body: bytes, end: bool, pad: int = 0) -> None:
-        """Send respecting the windows (padding counts against them: RFC 9113 §6.1)."""
+    def send(self, sid: int, body: bytes, end: bool, pad: int = 0, flush_each: bool = True) -> None:
+        """Send respecting the windows (padding counts against them: RFC 9113 §6.1); frame by frame, or (not
+        ``flush_each``) in one write as far as the windows allow, as grpc-go's writer does."""
         while body or end:
             if sid in self.done:
                 return
             room = min(self.conn.local_flow_control_window(sid), self.conn.max_outbound_frame_size) - \
                 (pad + 1 if pad else 0)
             if room <= 0:
+                self._flush()
                 self.pump()
                 continue
             chunk, body = body[:room], body[room:]
@@ -216,7 +270,8 @@ class Client:
                 self.conn.send_data(sid, chunk, end_stream=last, pad_length=pad or None)
             except h2.exceptions.StreamClosedError:
                 return
-            self._flush()
+            if flush_each or last:
+                self._flush()
             if last:
                 return
 
@@ -232,6 +287,16 @@ class Client:
         self.send(sid, grpc_frame(message), True, pad)
         return self.wait(sid)
 
+    def drain(self, seconds: float) -> None:
+        """Read whatever arrives within ``seconds``."""
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            if select.select([self.s], [], [], left)[0]:
+                self.pump()
+
+    def readable_within(self, seconds: float) -> bool:
+        return bool(select.select([self.s], [], [], seconds)[0])
+
     def close(self) -> None:
         self.s.close()
 
@@ -243,8 +308,14 @@ def wait_for(cond, timeout: float = 5) -> None:
         time.sleep(0.005)
 
 
+@pytest.fixture
+def window_hold_seconds() -> float:
+    """The proxy's timer for held connection credit; a test overrides it with ``pytest.mark.parametrize``."""
+    return WINDOW_HOLD_SECONDS
+
+
 @pytest.fixture(params=["asyncio", "uvloop"])
-def proxy(request, tmp_path):
+def proxy(request, tmp_path, window_hold_seconds):
     # Each test on asyncio's loop and on uvloop's, the one the relay process runs on (server.event_loop_factory).
     if request.param == "uvloop":
         uvloop = pytest.importorskip("uvloop")
@@ -260,7 +331,7 @@ def proxy(request, tmp_path):
     async def setup() -> tuple[asyncio.AbstractServer, Proxy]:
         server = await loop.create_unix_server(lambda: UpstreamProtocol(up), up_path)
         p = Proxy(up_path, hooks, executor, max_header_block=HEADER_LIMIT, max_held_message=HELD_LIMIT,
-                  on_reset=resets.append)
+                  on_reset=resets.append, window_hold_seconds=window_hold_seconds)
         await p.start(px_path)
         return server, p
 
@@ -551,3 +622,152 @@ def test_the_answer_is_sent_before_the_completion_runs(proxy):
     hooks.complete_seconds = 0.0
     assert c.call(REWRITE, b"after").status == 0  # the connection goes on, in order
     wait_for(lambda: [m for m, _c, _r in hooks.completed] == [OBSERVE, REWRITE])
+
+
+def conn_updates(events: list[h2.events.Event]) -> list[int]:
+    return [ev.delta for ev in events if isinstance(ev, h2.events.WindowUpdated) and ev.stream_id == 0]
+
+
+@pytest.mark.parametrize("window_hold_seconds", [30.0])  # the answer, not the timer, must carry the credit
+@pytest.mark.parametrize("path", [PASS, OBSERVE, REWRITE])
+def test_the_runtimes_window_update_rides_on_the_answer_and_wakes_the_client_once(proxy, path):
+    """grpc-go grants a request's bytes back (and probes with a PING) as soon as they arrive, while it works on the
+    call: passed on at once, that grant woke the client for nothing. It now goes in the answer's write."""
+    connect, up, hooks, _ = proxy
+    up.grpc_go_windows = up.ping_each_request = True
+    c = connect()
+    assert c.call(PASS, b"warm").status == 0  # the settings exchange is over
+    c.drain(0.1)
+    up.answer_delay_seconds = 0.3
+    # 20 kB: two frames, in one write as grpc-go's client sends them, and over grpc-go's threshold (a quarter
+    # window) for a stream update, of no use to a client that has ended its stream.
+    for size in (100, 20_000):
+        sid = c.start(path)
+        c.send(sid, grpc_frame(b"w" * size), True, flush_each=False)
+        reads = len(c.reads)
+        assert not c.readable_within(0.2), "a frame reached the client while the runtime worked on the call"
+        r = c.wait(sid)
+        assert r.status == 0 and up.received[-1][0] == path
+        answer = c.reads[reads]  # the first read after the request
+        assert any(isinstance(ev, h2.events.ResponseReceived) for ev in answer)
+        assert conn_updates(answer) == [5 + size]  # what the runtime granted (or the proxy, for the held request)
+        assert not [ev for read in c.reads[reads:] for ev in read
+                    if isinstance(ev, h2.events.WindowUpdated) and ev.stream_id == sid]
+        assert c.conn.outbound_flow_control_window == up.conns[0].conn.inbound_flow_control_window == 65535
+    assert len(up.ping_acks) == 3 and not up.errors and not c.pings
+
+
+@pytest.mark.parametrize("window_hold_seconds", [30.0])  # a stall would last the whole test
+def test_held_credit_is_sent_at_once_when_the_clients_window_runs_low(proxy):
+    """Calls the runtime never answers, many at once and larger than the window, and a held request larger than
+    the window: every byte reaches the runtime although no answer comes to carry the credit."""
+    connect, up, hooks, _ = proxy
+    up.grpc_go_windows = True
+    c = connect()
+    sids = [c.start(HUNG) for _ in range(40)]
+    for i, sid in enumerate(sids):  # 40 x 5 kB: three times the connection window
+        c.send(sid, grpc_frame(bytes([i]) * 5000), True)
+    big = c.start(HUNG)
+    c.send(big, grpc_frame(b"b" * 300_000), True)
+    wait_for(lambda: len(up.received) == 41)
+    assert sorted(msg for _p, msg in up.received) == sorted([bytes([i]) * 5000 for i in range(40)] + [b"b" * 300_000])
+    r = c.call(REWRITE, b"r" * 200_000)  # held, the hung calls still open
+    assert r.status == 0 and up.received[-1] == (REWRITE, b"r" * 200_000 + b"R" * 1000)
+    c.drain(0.05)
+    # Whatever the proxy still holds leaves the client at least half the initial window.
+    assert c.conn.outbound_flow_control_window >= 65535 // 2 and not up.errors
+
+
+@pytest.mark.parametrize("window_hold_seconds", [0.05])
+def test_held_credit_goes_out_when_the_timer_fires_if_no_answer_comes(proxy):
+    connect, up, _hooks, _ = proxy
+    up.grpc_go_windows = True
+    c = connect()
+    assert c.call(PASS, b"warm").status == 0
+    c.drain(0.1)
+    sid = c.start(HUNG)
+    t0 = time.monotonic()
+    c.send(sid, grpc_frame(b"h" * 1000), True)
+    reads = len(c.reads)
+    while not [d for read in c.reads[reads:] for d in conn_updates(read)]:
+        assert time.monotonic() - t0 < 5, "the held credit never reached the client"
+        c.pump()
+    waited = time.monotonic() - t0
+    assert waited >= 0.04, waited  # held, not passed on as it came
+    assert conn_updates(c.reads[-1]) == [1005] and sid not in c.done  # the call still hangs
+    assert c.conn.outbound_flow_control_window == up.conns[0].conn.inbound_flow_control_window == 65535
+    assert c.call(PASS, b"others go on").status == 0
+
+
+@pytest.mark.parametrize("window_hold_seconds", [0.02])
+@pytest.mark.parametrize("grpc_go_windows", [True, False])
+def test_the_clients_connection_window_stays_exact_over_many_calls(proxy, grpc_go_windows):
+    """At rest, the client's view of its connection window is the runtime's view of the same window: the proxy's
+    grants (its own for held and dropped bytes, the runtime's less what the proxy already gave) lose or add
+    nothing, whether they went with an answer, on the timer or at once. The runtime grants every byte at once (as
+    grpc-go) or once half its window is used (h2's policy, so the windows wander); the proxy's own bytes (rewrites
+    that change the size) are only compared where the runtime grants them at once."""
+    connect, up, hooks, _ = proxy
+    up.grpc_go_windows = grpc_go_windows
+    c = connect()
+    runtime = None
+    paths = [PASS, OBSERVE, REWRITE, HUNG] if grpc_go_windows else [PASS, OBSERVE, HUNG]
+    for i in range(60):
+        path = paths[i % len(paths)]
+        size = (i * 7919) % 70_000
+        hooks.grow = (-1) ** i * (i * 37 % 5000)
+        sid = c.start(path)
+        c.send(sid, grpc_frame(b"e" * size), True, pad=(i % 3) * 50)
+        if path != HUNG:
+            assert c.wait(sid).status == 0
+        c.drain(0.03)
+        runtime = up.conns[0].conn
+        assert c.conn.outbound_flow_control_window == runtime.inbound_flow_control_window, i
+    if grpc_go_windows:  # and a held message over the limit, reset by the proxy: its bytes come back exactly once
+        sid = c.start(REWRITE)
+        c.send(sid, grpc_frame(b"o" * (HELD_LIMIT + 50_000)), True)
+        assert c.wait(sid).status == 8
+        assert c.call(PASS, b"after").status == 0
+        c.drain(0.03)
+        assert c.conn.outbound_flow_control_window == 65535 == runtime.inbound_flow_control_window
+    assert not up.errors
+
+
+def read_frames(s: socket.socket, seconds: float) -> list[tuple[int, int, int, bytes]]:
+    """Every frame (type, flags, stream, payload) a raw socket receives within ``seconds``."""
+    buf, deadline = b"", time.monotonic() + seconds
+    while (left := deadline - time.monotonic()) > 0:
+        if select.select([s], [], [], left)[0]:
+            got = s.recv(1 << 16)
+            if not got:
+                break
+            buf += got
+    frames, pos = [], 0
+    while len(buf) - pos >= 9:
+        n = int.from_bytes(buf[pos:pos + 3], "big")
+        frames.append((buf[pos + 3], buf[pos + 4], int.from_bytes(buf[pos + 5:pos + 9], "big") & 0x7FFFFFFF,
+                       buf[pos + 9:pos + 9 + n]))
+        pos += 9 + n
+    return frames
+
+
+def test_the_runtimes_settings_reach_the_client_before_anything_the_proxy_makes(proxy, tmp_path):
+    """RFC 9113 §3.4: the server's preface, a SETTINGS frame, comes first. A runtime that grants connection window
+    right after it (grpc C-core's server does) and answers late: the grant, held, must not be written ahead of its
+    SETTINGS, nor the proxy's PING acknowledgement or its credit for a held request sent before the runtime spoke."""
+    _connect, up, _hooks, _ = proxy
+    up.preface_delay_seconds, up.initial_window_grant = 0.2, 1 << 20
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(str(tmp_path / "px.sock"))
+    block = hpack.Encoder().encode([(":method", "POST"), (":scheme", "http"), (":path", REWRITE),
+                                    (":authority", "rt"), ("content-type", "application/grpc")])
+    body = grpc_frame(b"q" * 1000)
+    s.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + raw_frame(4, 0, 0, b"") + raw_frame(6, 0, 0, b"pingpong")
+              + raw_frame(1, 0x4, 1, block) + raw_frame(0, 0x1, 1, body))
+    frames = read_frames(s, 1.0)
+    s.close()
+    assert frames and frames[0][:3] == (4, 0, 0), frames[:3]  # SETTINGS, not an acknowledgement
+    assert (6, 1, 0, b"pingpong") in frames  # and the rest after it
+    credit = sum(int.from_bytes(p, "big") for t, _f, sid, p in frames if t == 8 and sid == 0)
+    assert 65535 - len(body) + credit == up.conns[0].conn.inbound_flow_control_window  # exact, as elsewhere
+    assert up.received == [(REWRITE, b"q" * 1000 + b"R" * 1000)] and not up.errors

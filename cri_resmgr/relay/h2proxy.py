@@ -16,11 +16,25 @@ What the proxy does look at:
   event loop when the hook says it can answer there at once, else in a worker thread) which may rewrite or
   refuse it; the response message is copied as it passes;
 - flow control (RFC 9113 §6.9) stays exact around held requests: the proxy credits the client for the
-  bytes it holds (so a request larger than the window cannot stall) once per socket read, after that read's
-  bytes went to the runtime (one WINDOW_UPDATE, not one per frame, each waking the client), takes the bytes
-  it later sends to the runtime out of the runtime's next connection WINDOW_UPDATEs to the client, and tracks
-  the runtime's connection and stream windows itself, queueing DATA that does not fit until the runtime
-  opens them;
+  bytes it holds (so a request larger than the window cannot stall), takes the bytes it later sends to the
+  runtime out of the runtime's next connection WINDOW_UPDATEs to the client, and tracks the runtime's
+  connection and stream windows itself, queueing DATA that does not fit until the runtime opens them;
+- connection-level credit for the client (the runtime's WINDOW_UPDATEs on stream 0, less what the proxy already
+  gave; the proxy's own for DATA it holds or drops) is not written as it comes: grpc-go grants a request's bytes
+  back as soon as they arrive, while it works on the call, and passed on that grant woke the client for nothing
+  once a call. The proxy tracks the client's connection send window (65,535 at the start, SETTINGS do not change
+  it; less each DATA payload the client sends, padding included; more each connection WINDOW_UPDATE the proxy
+  writes to it) and sends the credit owed with the next bytes it writes to the client (normally the answer:
+  one WINDOW_UPDATE frame in the answer's write); at once, after the read that brought it, when holding it would
+  leave the client less than half the initial window (``CLIENT_WINDOW_FLOOR``: two frames of the default maximum
+  size, so a client can always send) or less than the credit held; at the latest after ``window_hold_seconds``
+  (0.1 s; a backstop, cancelled when the credit goes). A client with a request larger than its window gets the
+  credit as soon as its first bytes are read, never after the timer, and calls that hang hold up nobody's DATA;
+- stream-level WINDOW_UPDATEs for a stream the client has ended (END_STREAM sent) are dropped, the runtime's and
+  the proxy's own for held DATA alike (at most one a stream and read, sent once the read is parsed): the client
+  sends no more DATA on it. A stream still open (a streaming call, a request still coming) gets them at once;
+- nothing the proxy makes itself (PING acknowledgements, credit, refusals) reaches the client before the runtime's
+  SETTINGS, its connection preface (RFC 9113 §3.4): until then it waits, and goes right after them;
 - PING (RFC 9113 §6.7) is answered by the proxy itself on each connection, hop by hop, and not passed on: the
   runtime's flow-control probes (grpc-go sends one as a request's DATA arrives) and the client's otherwise cost
   a round trip through the proxy each, two more wake-ups of the proxy, the client and the runtime while the
@@ -79,6 +93,14 @@ MAX_FRAME_PAYLOAD = 16384  # SETTINGS_MAX_FRAME_SIZE's initial value: every peer
 H2_NO_ERROR, H2_CANCEL, H2_ENHANCE_YOUR_CALM = 0x0, 0x8, 0xB
 MAX_HEADER_BLOCK = 16 << 20  # grpc-go's default max header list size (containerd keeps it)
 MAX_HELD_MESSAGE = (16 << 20) + 5  # containerd's default max receive message size, plus the gRPC prefix
+# Connection credit owed to the client is held back only while the client keeps at least this much connection window
+# (and at least as much as is held): two frames of the default maximum size (RFC 9113 §6.5.2), so a client can always
+# send and never waits on held credit; a request larger than its window has the credit sent as its first bytes are read.
+CLIENT_WINDOW_FLOOR = DEFAULT_WINDOW // 2
+# ... and at the latest this long. A backstop only (the floor already keeps the client sending): a wake-up of the
+# client costs ~0.05 ms, 0.05 % of a call as long as this, while CRI calls of a pod lifecycle take ~5-50 ms, whose
+# credit this lets ride on the answer (a timer of a few ms would fire during most of them and save nothing).
+WINDOW_HOLD_SECONDS = 0.1
 
 
 def status(code: grpc.StatusCode) -> int:
@@ -315,6 +337,7 @@ class _Stream:
     req_done: bool = False
     closed: bool = False
     seen_response_headers: bool = False
+    client_ended: bool = False  # the client sent END_STREAM: a window update for this stream is of no use to it
 
 
 class _Direction:
@@ -355,11 +378,25 @@ class Pair:
         # that they keep their place after frames already parsed (a stream's DATA never before its HEADERS).
         self._c2s_out: list[bytes] | None = None
         self._s2c_out: list[bytes] | None = None
-        # While the client's input is parsed, what goes back to the client waits here (and the connection window
-        # the proxy gives back for held DATA adds up in _credit): it is written once, after the runtime's bytes,
-        # which are on the critical path (one write instead of one per frame, each waking the client).
+        # While the client's input is parsed, what goes back to the client waits here: it is written once, after
+        # the runtime's bytes, which are on the critical path (one write instead of one per frame, each waking the
+        # client).
         self._c2s_back: list[bytes] | None = None
-        self._credit = 0
+        # The client's connection send window as the proxy has it (RFC 9113 §6.9: 65,535 at the start, whatever
+        # SETTINGS_INITIAL_WINDOW_SIZE says; less every DATA payload the client sends, padding included; more every
+        # connection WINDOW_UPDATE written to it), and the connection credit owed to it and not yet written: the
+        # runtime's grants (less the debt) and the proxy's own for DATA it holds or drops. The credit goes with the
+        # next bytes written to the client, at once when its window runs low, at the latest when the timer fires.
+        self.client_window = DEFAULT_WINDOW
+        self._client_credit = 0
+        # Stream credit for held DATA, per stream, while the client's input is parsed: one WINDOW_UPDATE a stream
+        # and read, none for a stream the client ended meanwhile (it sends nothing more on it).
+        self._stream_credit: dict[int, int] = {}
+        self._credit_timer: asyncio.TimerHandle | None = None
+        # The runtime's connection preface (its SETTINGS, RFC 9113 §3.4) must be the first frame the client gets:
+        # what the proxy makes itself before that (PING acknowledgements, credit, refusals) waits in _early.
+        self._preface_out = False
+        self._early: list[bytes] = []
         # Calls that ended while the runtime's input was parsed: their completion (hooks, metrics) runs once the
         # client has been sent what was parsed, so that the books' work is not on the answer's path.
         self._ended: list[_Stream] = []
@@ -407,18 +444,23 @@ class Pair:
                 break
             sid &= 0x7FFFFFFF
             if ftype == DATA:
+                self.client_window -= length
                 st = self.streams.get(sid)
+                if st is not None and flags & F_END_STREAM:
+                    st.client_ended = True
                 if st is None and sid in self.dropped:
                     if pos > run:
                         out.append(bytes(buf[run:pos]))
                     run = end
-                    self._credit += length  # never forwarded: the client's connection window gets the bytes back
+                    self._client_credit += length  # never forwarded: the client's window gets the bytes back
                     if flags & F_END_STREAM:
                         self.dropped.discard(sid)
                 elif st is not None and st.mode is Mode.REWRITE and not st.req_done:
                     if pos > run:
                         out.append(bytes(buf[run:pos]))
                     run = end
+                    # Held bytes never reach the runtime as such: the proxy gives the client its window back.
+                    self._client_credit += length
                     st.held_size += length
                     if st.held_size > self.proxy.max_held_message:
                         self._reset_held(st, flags & F_END_STREAM == 0)
@@ -427,11 +469,8 @@ class Pair:
                     st.held.append(_data_body(flags, bytes(buf[pos + 9:end])))
                     if st.ex.timing is not None and not st.ex.timing.first_data:
                         st.ex.timing.first_data = time.perf_counter()
-                    if length:
-                        # Held bytes never reach the runtime as such: the proxy gives the client its window back.
-                        self._credit += length
-                        if not flags & F_END_STREAM:
-                            back.append(frame(WINDOW_UPDATE, 0, sid, length.to_bytes(4, "big")))
+                    if length and not flags & F_END_STREAM:  # and the stream's: sent once this read is parsed
+                        self._stream_credit[sid] = self._stream_credit.get(sid, 0) + length
                     if flags & F_END_STREAM:
                         st.req_done = True
                         self._submit_rewrite(st)
@@ -495,15 +534,47 @@ class Pair:
         self._flush_back()
 
     def _flush_back(self) -> None:
-        """Write what the client's input parsed so far owes the client (see ``_c2s_back``)."""
+        """Write what the client's input parsed so far owes the client (see ``_c2s_back``); connection credit goes
+        with it, or waits (:meth:`_settle_credit`)."""
         back, self._c2s_back = self._c2s_back, None
         if back is None:
             return
-        if self._credit:
-            back.append(frame(WINDOW_UPDATE, 0, 0, self._credit.to_bytes(4, "big")))
-            self._credit = 0
+        if self._stream_credit:
+            for sid, n in self._stream_credit.items():
+                st = self.streams.get(sid)
+                if st is not None and not st.client_ended:
+                    back.append(frame(WINDOW_UPDATE, 0, sid, n.to_bytes(4, "big")))
+            self._stream_credit.clear()
         if back:
             self._to_client(b"".join(back))
+        self._settle_credit()
+
+    def _settle_credit(self) -> None:
+        """After a read's frames went out: connection credit still owed to the client is written now if holding it
+        would leave the client's window below ``CLIENT_WINDOW_FLOOR`` or below the credit itself, else it waits for
+        the next bytes to the client (normally the answer: one write and one wake-up of the client fewer per call,
+        the runtime's grant for the request riding on it), at the latest ``window_hold_seconds``."""
+        owed = self._client_credit
+        if not owed or self.closed or not self._preface_out:  # else it goes after the preface (from_upstream)
+            return
+        if self.client_window < max(CLIENT_WINDOW_FLOOR, owed):
+            self.client.write(self._credit_frame())
+        elif self._credit_timer is None:
+            self._credit_timer = self.proxy.loop.call_later(self.proxy.window_hold_seconds, self._credit_due)
+
+    def _credit_due(self) -> None:
+        self._credit_timer = None
+        if self._client_credit and not self.closed:
+            self.client.write(self._credit_frame())
+
+    def _credit_frame(self) -> bytes:
+        """The connection WINDOW_UPDATE for all credit owed to the client, now counted as written."""
+        owed, self._client_credit = self._client_credit, 0
+        self.client_window += owed
+        if self._credit_timer is not None:
+            self._credit_timer.cancel()
+            self._credit_timer = None
+        return frame(WINDOW_UPDATE, 0, 0, owed.to_bytes(4, "big"))
 
     def _header_frame(self, d: _Direction, ftype: int, flags: int, sid: int, raw: bytes, out: list[bytes],
                       on_headers) -> bool:
@@ -546,13 +617,12 @@ class Pair:
         log.warning("%s: request message larger than %d bytes: stream reset", st.ex.method,
                     self.proxy.max_held_message)
         self.proxy.count_reset("held_message")
-        held = st.held_size
         st.held, st.held_size = [], 0
         self._to_upstream(frame(RST_STREAM, 0, sid, H2_CANCEL.to_bytes(4, "big")))
         msg = f"cri-resmgr relay: request message larger than {self.proxy.max_held_message} bytes"
+        # The held bytes, the last frame's included, were credited to the client as they came (from_client).
         self._to_client(trailers_only(sid, status(S.RESOURCE_EXHAUSTED), msg)
-                        + frame(RST_STREAM, 0, sid, H2_NO_ERROR.to_bytes(4, "big"))
-                        + frame(WINDOW_UPDATE, 0, 0, held.to_bytes(4, "big")))
+                        + frame(RST_STREAM, 0, sid, H2_NO_ERROR.to_bytes(4, "big")))
         if more_coming:
             if len(self.dropped) > 1000:
                 self.dropped.clear()
@@ -562,6 +632,7 @@ class Pair:
     def _request_headers(self, sid: int, headers: list[tuple[bytes, bytes]], end_stream: bool) -> None:
         st = self.streams.get(sid)
         if st is not None:
+            st.client_ended = st.client_ended or end_stream
             # Request trailers (gRPC clients send none): a held request can no longer wait for a rewrite,
             # since the trailers' header block must not overtake it.
             if st.mode is Mode.REWRITE and not st.req_done:
@@ -577,7 +648,7 @@ class Pair:
         mode = self.hooks.mode(method)
         if mode is not Mode.PASS:  # held or observed: timed (observed calls have no hook before the forward)
             ex.timing = RewriteTiming(arrived=self.read_at, headers=ex.started, reads=self.reads)
-        self.streams[sid] = _Stream(ex, mode)
+        self.streams[sid] = _Stream(ex, mode, client_ended=end_stream)
         self.up_streams[sid] = self.up_initial
 
     # -- runtime -> client --------------------------------------------------------------------------
@@ -618,17 +689,22 @@ class Pair:
             elif ftype == WINDOW_UPDATE:
                 inc = int.from_bytes(buf[pos + 9:pos + 13], "big") & 0x7FFFFFFF
                 if sid == 0:
+                    # Owed to the client, less the part the proxy already gave it (debt); written with the next
+                    # bytes to the client, normally the answer (_settle_credit), not as it comes.
+                    if pos > run:
+                        out.append(bytes(buf[run:pos]))
+                    run = end
                     self.up_conn += inc
                     take = min(inc, self.debt)
-                    if take:  # the part the proxy already gave the client is not passed on
+                    self.debt -= take
+                    self._client_credit += inc - take
+                elif sid in self.up_streams:
+                    self.up_streams[sid] += inc
+                    st = self.streams.get(sid)
+                    if st is not None and st.client_ended:  # it sends no more DATA on this stream: dropped
                         if pos > run:
                             out.append(bytes(buf[run:pos]))
                         run = end
-                        self.debt -= take
-                        if inc - take:
-                            out.append(frame(WINDOW_UPDATE, 0, 0, (inc - take).to_bytes(4, "big")))
-                elif sid in self.up_streams:
-                    self.up_streams[sid] += inc
                 if self.blocked:
                     self._flush_blocked()  # writes to the runtime, not into ``out``
             elif ftype == PING and not flags & F_ACK and length == 8 and not sid:
@@ -661,7 +737,12 @@ class Pair:
         del buf[:pos]
         self._s2c_out = None
         if out:
+            if not self._preface_out:  # the runtime's first frames (SETTINGS first) are out: the proxy's may follow
+                self._preface_out = True
+                out += self._early
+                self._early = []
             self._to_client(b"".join(out))
+        self._settle_credit()
         if acks:
             self._to_upstream(b"".join(acks))
         if self._ended:
@@ -827,8 +908,7 @@ class Pair:
             return
         dropped = sum(n for s, _r, n in self.blocked if s == sid)
         self.blocked = deque(b for b in self.blocked if b[0] != sid)
-        if dropped:
-            self._to_client(frame(WINDOW_UPDATE, 0, 0, dropped.to_bytes(4, "big")))
+        self._client_credit += dropped  # called while the client's input is parsed: settled after it
 
     def _finish(self, st: _Stream, code: int, message: str) -> None:
         """The call ended: it is forgotten at once; its completion runs now, or (inside from_upstream) once the
@@ -885,12 +965,19 @@ class Pair:
             self._s2c_out.append(data)
         elif self._c2s_back is not None:
             self._c2s_back.append(data)
+        elif not self._preface_out:
+            self._early.append(data)
         elif not self.closed:
+            if self._client_credit:  # held connection credit rides on the bytes that go anyway (_settle_credit)
+                data += self._credit_frame()  # after them: never before the runtime's SETTINGS
             self.client.write(data)
 
     def close(self, reason: str) -> None:
         if self.closed:
             return
+        if self._credit_timer is not None:
+            self._credit_timer.cancel()
+            self._credit_timer = None
         for st in list(self.streams.values()):
             self._finish(st, status(S.UNAVAILABLE), reason)
         self.closed = True
@@ -1089,7 +1176,8 @@ class Proxy:
                  on_upstream: Callable[[bool, str], None] = lambda up, why: None,
                  backoff_initial: float = 0.1, backoff_max: float = 2.0,
                  max_header_block: int = MAX_HEADER_BLOCK, max_held_message: int = MAX_HELD_MESSAGE,
-                 on_reset: Callable[[str], None] = lambda reason: None):
+                 on_reset: Callable[[str], None] = lambda reason: None,
+                 window_hold_seconds: float = WINDOW_HOLD_SECONDS):
         self.upstream_path = upstream_path
         self.hooks = hooks
         self.executor = executor
@@ -1098,6 +1186,7 @@ class Proxy:
         self.backoff_initial, self.backoff_max = backoff_initial, backoff_max
         self.max_header_block, self.max_held_message = max_header_block, max_held_message
         self.count_reset = on_reset  # (reason) for every stream or connection the proxy ends itself
+        self.window_hold_seconds = window_hold_seconds  # connection credit held for the client at most this long
         self._loop: asyncio.AbstractEventLoop | None = None
         self.server: asyncio.AbstractServer | None = None
         self._up: bool | None = None
