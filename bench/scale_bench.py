@@ -32,6 +32,7 @@ runs in this process, so its work is not charged to the child.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import math
 import os
@@ -91,6 +92,50 @@ def _smaps_top(n: int = 8) -> str:
             by[name] = by.get(name, 0) + int(ln.split()[1])
     top = sorted(by.items(), key=lambda kv: -kv[1])[:n]
     return ", ".join(f"{k} {v / 1024:.1f} MB" for k, v in top)
+
+
+class _Mallinfo2(ctypes.Structure):
+    # glibc >= 2.33, mallinfo(3): every field a size_t
+    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+
+def _heap_report() -> str:
+    """Where the anonymous memory is: glibc malloc's arenas (bytes in use, free but held) and its own mmaps
+    (mallinfo2), and Python's small-object allocator (pymalloc: arenas, bytes in used and in free blocks, from
+    sys._debugmallocstats, which writes to fd 2)."""
+    parts = []
+    try:
+        fn = ctypes.CDLL("libc.so.6").mallinfo2
+        fn.restype = _Mallinfo2
+        m = fn()
+        parts.append(f"malloc: arenas {m.arena / 2**20:.1f} MB (in use {m.uordblks / 2**20:.1f}, free "
+                     f"{m.fordblks / 2**20:.1f}), own mmaps {m.hblkhd / 2**20:.1f} MB in {m.hblks}")
+    except (OSError, AttributeError):  # not glibc >= 2.33
+        pass
+    with tempfile.TemporaryFile() as f:
+        saved = os.dup(2)
+        os.dup2(f.fileno(), 2)
+        try:
+            sys._debugmallocstats()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        f.seek(0)
+        text = f.read().decode(errors="replace")
+    got = {}
+    for ln in text.splitlines():
+        k, _, v = ln.partition("=")
+        k = k.strip().lstrip("#").strip()
+        if k in ("arenas allocated current", "bytes in allocated blocks", "bytes in available blocks",
+                 "bytes in unused pools", "bytes lost to pool headers", "bytes lost to quantization",
+                 "bytes lost to arena alignment"):
+            got[k] = int(v.strip().replace(",", ""))
+    if got:
+        parts.append("pymalloc: " + ", ".join(
+            f"{k} {v}" if k.startswith("arenas") else f"{k.removeprefix('bytes ')} {v / 2**20:.1f} MB"
+            for k, v in got.items()))
+    return "; ".join(parts)
 
 
 def _timed_render(expo) -> float:
@@ -317,7 +362,7 @@ def child_agent(spec: dict) -> dict:
     if spec.get("tracemalloc"):  # where the Python heap is, by line (slows the agent: memory figures only)
         import tracemalloc
 
-        tracemalloc.start(1)
+        tracemalloc.start(8 if spec.get("tracemalloc_dump") else 1)
     agent = Agent(load_config(p), p)
     agent.start()
     served = _Served(agent, spec.get("switch_interval")) if spec.get("serve") else None
@@ -366,7 +411,7 @@ def child_agent(spec: dict) -> dict:
 
         release_free_heap()
         notes_mem = [f"RSS {rss / 1024:.1f} MB, after malloc_trim {_rss_kib() / 1024:.1f} MB",
-                     "by mapping: " + _smaps_top()]
+                     "by mapping: " + _smaps_top(), _heap_report()]
         sizes: dict[str, list[int]] = {}
         for o in gc.get_objects():
             e = sizes.setdefault(type(o).__name__, [0, 0])
@@ -466,6 +511,7 @@ def child_agent(spec: dict) -> dict:
             store_mb = sum(t.nbytes() for t in agent.store.tables.values()) / 2**20
         out["full_retention"] = {"rss_before_mb": rss_before / 1024, "rss_mb": rss_full / 1024,
                                  "rss_trimmed_mb": _rss_kib() / 1024, "by_mapping": _smaps_top(),
+                                 "heap": _heap_report(),
                                  "by_mapping_before": mapping_before,
                                  "store_rows_mb": store_mb, "fill_cpu_s": fill_cpu, "tables": tables}
         if traced_before is not None:
@@ -480,6 +526,8 @@ def child_agent(spec: dict) -> dict:
         import tracemalloc
 
         snap = tracemalloc.take_snapshot()
+        if spec.get("tracemalloc_dump"):
+            snap.dump(spec["tracemalloc_dump"])
         by_file = snap.statistics("filename")[:8]
         by_line = snap.statistics("lineno")[:15]
         out["notes"]["tracemalloc"] = (
@@ -532,6 +580,8 @@ def main() -> None:
                          "the collected series at their measured pace), then measure the RSS (fill_to_retention)")
     ap.add_argument("--tracemalloc", action="store_true", help="whole agent: trace Python allocations from the "
                     "start and print the largest by file and line at the end (slows the agent: not for CPU figures)")
+    ap.add_argument("--tracemalloc-dump", metavar="FILE", help="with --tracemalloc: also write the final snapshot "
+                    "here (tracemalloc.Snapshot.load reads it), for looking at allocations by traceback")
     ap.add_argument("--no-serve", action="store_true",
                     help="whole agent: without its HTTP side (by default the agent runs as `cri-resmgr run` starts it: "
                          "the FastAPI app under uvicorn, /metrics scraped over HTTP every 15 s and for the /metrics "
@@ -634,7 +684,7 @@ def main() -> None:
                         "agent", {**base, "tmp": str(d), "interval": interval, "seconds": args.seconds,
                                   "warmup": args.warmup, "perf_sw_events": args.perf_sw_events, "switch_interval": sw,
                                   "memory": args.memory, "fill": args.fill, "serve": not args.no_serve,
-                                  "tracemalloc": args.tracemalloc,
+                                  "tracemalloc": args.tracemalloc, "tracemalloc_dump": args.tracemalloc_dump,
                                   "profile": str(args.profile / f"agent-{n}-{interval}-{k}.txt") if args.profile
                                   else None}, script)
             results.append((n, per, agents))
@@ -691,6 +741,8 @@ def main() -> None:
                 if f.get("by_mapping"):
                     print(f"        RSS by mapping before the fill: {f.get('by_mapping_before')}")
                     print(f"        RSS by mapping after the fill: {f['by_mapping']}")
+                if f.get("heap"):
+                    print(f"        heap after the fill: {f['heap']}")
                 for t, note in f["tables"].items():
                     print(f"        {t}: {note}")
             if a.get("once"):
