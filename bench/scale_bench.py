@@ -156,6 +156,7 @@ class _Served:
         import uvicorn
 
         from cri_resmgr.web.app import create_app
+        from cri_resmgr.web.server import Server
 
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
@@ -163,7 +164,7 @@ class _Served:
         sys.setswitchinterval(switch_interval or 0.001)  # as serve.py sets it, unless the bench asks otherwise
         cfg = uvicorn.Config(create_app(agent, check_host=True), host="127.0.0.1", port=self.port,
                              log_level="warning", access_log=False, lifespan="off")
-        self.server = uvicorn.Server(cfg)
+        self.server = Server(cfg)
         self.thread = threading.Thread(target=self.server.run, name="uvicorn", daemon=True)
         self.thread.start()
         deadline = time.monotonic() + 30

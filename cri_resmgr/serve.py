@@ -23,6 +23,7 @@ def serve(cfg: Config, config_path: Path | None, flags: dict) -> ExitCode:
     from .agent import Agent
     from .runfiles import AlreadyRunning
     from .web.app import create_app
+    from .web.server import Server
 
     agent = Agent(cfg, config_path, flags=flags)
     try:
@@ -34,7 +35,7 @@ def serve(cfg: Config, config_path: Path | None, flags: dict) -> ExitCode:
         print(f"cri-resmgr: cannot create {e.filename}: {e.strerror}", file=sys.stderr)
         return ExitCode.FAIL
 
-    server: uvicorn.Server | None = None
+    server: Server | None = None
 
     def on_hup(_sig, _frm):
         agent.reload()
@@ -54,7 +55,7 @@ def serve(cfg: Config, config_path: Path | None, flags: dict) -> ExitCode:
     sys.setswitchinterval(0.001)
     ucfg = uvicorn.Config(create_app(agent, check_host=True), host=host, port=port, log_level=cfg.log_level,
                           access_log=False, lifespan="off")
-    server = uvicorn.Server(ucfg)
+    server = Server(ucfg)
     log.info("cri-resmgr %s on node %s listening on http://%s:%d", __version__, cfg.node_name, host, port)
     try:
         server.run()
