@@ -156,7 +156,11 @@ class _Served:
         import uvicorn
 
         from cri_resmgr.web.app import create_app
-        from cri_resmgr.web.server import Server
+
+        try:
+            from cri_resmgr.web.server import Server
+        except ImportError:  # a checkout from before web/server.py (--compare): uvicorn's own, as it served then
+            Server = uvicorn.Server
 
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
