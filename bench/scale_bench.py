@@ -104,15 +104,15 @@ def _heap_report() -> str:
     """Where the anonymous memory is: glibc malloc's arenas (bytes in use, free but held) and its own mmaps
     (mallinfo2), and Python's small-object allocator (pymalloc: arenas, bytes in used and in free blocks, from
     sys._debugmallocstats, which writes to fd 2)."""
+    from cri_resmgr.heap import _libc  # the C library the agent's own malloc calls go to (None: not found)
+
     parts = []
-    try:
-        fn = ctypes.CDLL("libc.so.6").mallinfo2
+    fn = getattr(_libc(), "mallinfo2", None)
+    if fn is not None:  # glibc >= 2.33
         fn.restype = _Mallinfo2
         m = fn()
         parts.append(f"malloc: arenas {m.arena / 2**20:.1f} MB (in use {m.uordblks / 2**20:.1f}, free "
                      f"{m.fordblks / 2**20:.1f}), own mmaps {m.hblkhd / 2**20:.1f} MB in {m.hblks}")
-    except (OSError, AttributeError):  # not glibc >= 2.33
-        pass
     with tempfile.TemporaryFile() as f:
         saved = os.dup(2)
         os.dup2(f.fileno(), 2)
