@@ -4,20 +4,24 @@ it replaced: every container's window updated on every run, on a fixture v2 tree
 import os
 import random
 import shutil
+import uuid
 from collections import deque
 
 import numpy as np
+import pytest
 
 from cri_resmgr import metrics as M
+from cri_resmgr.collectors import avx512 as A
 from cri_resmgr.collectors.avx512 import Avx512Collector, RatioWindow, choose_attribution, next_active
 from cri_resmgr.collectors.cgroup import detect_layout
-from cri_resmgr.collectors.cgroup_ids import CgroupIdResolver
+from cri_resmgr.collectors.cgroup_ids import OUTSIDE, CgroupHandles, CgroupIdResolver
 from cri_resmgr.config import Avx512CollectorConfig, Paths
 from cri_resmgr.ebpf.avx512 import Avx512Source, CounterKey, Counts, CpuTotals, Snapshot
 from cri_resmgr.store import Store
 from cri_resmgr.topology import Topology
 
 from .cgroupfs import Values, make_v2
+from .integration.helpers import CGROUP_ROOT, can_make_cgroups
 
 UID = "0f3e6a4e-8a3b-4c1d-9e2f-1a2b3c4d5e6f"
 
@@ -173,11 +177,11 @@ def test_the_periodic_rescan_keeps_the_row_and_its_keys_when_no_container_change
 
 
 def test_unknown_cgroup_ids_wait_for_a_walk_at_most_every_few_seconds_and_lose_no_counts(tmp_path, monkeypatch):
-    """Cgroups made every run that are not containers (a node's systemd scopes) do not make the collector walk the
-    v2 tree every run: their ids wait, neither attributed nor retired, for a walk UNKNOWN_RESCAN_SECONDS after the
-    last. A new container is walked for at once (inotify); a sub-cgroup made in a container waits like the others
-    and its counts, kept by the kernel, are the container's from the walk on; a removed one is retired then."""
-    from cri_resmgr.collectors import avx512 as A
+    """Where cgroup ids cannot be looked up by file handle (here a fixture tree, not cgroup2), cgroups made every
+    run that are not containers (a node's systemd scopes) do not make the collector walk the v2 tree every run:
+    their ids wait, neither attributed nor retired, for a walk UNKNOWN_RESCAN_SECONDS after the last. A new
+    container is walked for at once (inotify); a sub-cgroup made in a container waits like the others and its
+    counts, kept by the kernel, are the container's from the walk on; a removed one is retired then."""
 
     root = tmp_path / "cg"
     make_v2(root, rel(1), Values())
@@ -225,3 +229,114 @@ def test_unknown_cgroup_ids_wait_for_a_walk_at_most_every_few_seconds_and_lose_n
     row = col.collect_row(t[0])
     assert walks[0] == 3 and switches(row, f"{2:064x}") == 5.0
     col.close()
+
+
+# -- on the machine's real cgroup2 tree: new cgroup ids looked up by file handle, no walk ----------------------
+def _real_v2_tree():
+    """A fresh directory of this machine's cgroup2 hierarchy, or the reason there is none."""
+    why = can_make_cgroups()
+    if why:
+        return None, why
+    layout = detect_layout(CGROUP_ROOT)
+    v2 = layout.root if layout.version == 2 else layout.unified
+    if v2 is None:
+        return None, "no cgroup2 hierarchy on this machine"
+    root = v2 / f"crirm-test-handles-{uuid.uuid4().hex[:12]}"
+    root.mkdir()
+    return root, ""
+
+
+def _remove_tree(root) -> None:
+    for d in sorted((p for p in root.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+        d.rmdir()
+    root.rmdir()
+
+
+def test_cgroup_handles_name_live_cgroups_and_refuse_gone_ones_on_the_real_tree(tmp_path):
+    root, why = _real_v2_tree()
+    if root is None:
+        pytest.skip(why)
+    try:
+        (root / "a" / "b").mkdir(parents=True)
+        (root / "elsewhere").mkdir()
+        h, reason = CgroupHandles.open(root / "a")
+        assert h is not None, reason
+        try:
+            assert h.lookup(os.stat(root / "a").st_ino) == "/"
+            assert h.lookup(os.stat(root / "a" / "b").st_ino) == "/b"
+            assert h.lookup(os.stat(root / "elsewhere").st_ino) == OUTSIDE  # live, not under the tree
+            gone = os.stat(root / "a" / "b").st_ino
+            (root / "a" / "b").rmdir()
+            assert h.lookup(gone) is None
+            assert h.lookup((1 << 64) - 1) is None and h.lookup(-1) is None and h.lookup(1 << 64) is None
+        finally:
+            h.close()
+    finally:
+        _remove_tree(root)
+    (tmp_path / "d").mkdir()
+    none, reason = CgroupHandles.open(tmp_path / "d")  # a fixture tree: its handles are not cgroup ids
+    assert none is None and "not a cgroup2 tree" in reason
+
+
+def test_new_cgroup_ids_are_looked_up_by_handle_at_once_without_a_walk_on_the_real_tree(monkeypatch):
+    """On the real hierarchy, ids of cgroups made between walks are settled in the run that first sees them:
+    not a container's (a scope) -> kept, attributed to none; a sub-cgroup of a container -> that container's at
+    once; removed -> retired at once. No walk of the tree for any of them."""
+    root, why = _real_v2_tree()
+    if root is None:
+        pytest.skip(why)
+    col = None
+    try:
+        (root / rel(1)).mkdir(parents=True)
+        t = [10.0]
+        col = fake_collector(root, t)
+        src = col.source
+        walks = [0]
+        scan = CgroupIdResolver.scan
+
+        def counted(self):
+            walks[0] += 1
+            return scan(self)
+
+        monkeypatch.setattr(CgroupIdResolver, "scan", counted)
+
+        def switches(row, cid: str) -> float:
+            return next(v for (m, lab), v in zip(row.keys, row.values.tolist(), strict=True)
+                        if m == M.CONTAINER_CONTEXT_SWITCHES.name and lab["container_id"] == cid)
+
+        col.collect_row(t[0])
+        assert walks[0] == 1 and col._cg.handles is not None, col._cg.handles_reason
+        key_of = {}
+        for run in range(1, 5):  # a new scope every 2 s
+            t[0] += 2.0
+            d = root / "system.slice" / f"run-{run}.scope"
+            d.mkdir(parents=True)
+            key_of[run] = CounterKey(os.stat(d).st_ino)
+            src.counts[key_of[run]] = Counts(0, 10, 0)
+            col.collect_row(t[0])
+        assert all(k in src.counts for k in key_of.values()), "live scopes are not retired"
+        assert all(col._cg.alive(k.cgroup_id) and col._cg.container(k.cgroup_id) is None for k in key_of.values())
+        sub = root / rel(1) / "init.scope"  # a sub-cgroup in container 1, made between walks
+        sub.mkdir()
+        src.counts[CounterKey(os.stat(sub).st_ino)] = Counts(0, 7, 0)
+        brief = root / "system.slice" / "run-5.scope"  # made and removed between two runs
+        brief.mkdir()
+        src.counts[brief_key := CounterKey(os.stat(brief).st_ino)] = Counts(0, 3, 0)
+        brief.rmdir()
+        t[0] += 2.0
+        row = col.collect_row(t[0])
+        assert switches(row, f"{1:064x}") == 7.0, "the sub-cgroup's counts are its container's in the same run"
+        assert brief_key not in src.counts, "an id no live cgroup has is retired in the run that sees it"
+        t[0] += 20.0  # past UNKNOWN_RESCAN_SECONDS: still nothing to walk for
+        col.collect_row(t[0])
+        assert walks[0] == 1, "no walk: every new id was settled by its file handle"
+        assert col._cg.handle_lookups_total == 6
+        (root / "system.slice" / "run-1.scope").rmdir()  # a scope seen alive goes: the RESCAN_SECONDS walk
+        t[0] += A.RESCAN_SECONDS
+        col.collect_row(t[0])
+        assert walks[0] == 2
+        assert key_of[1] not in src.counts and all(key_of[r] in src.counts for r in (2, 3, 4))
+    finally:
+        if col is not None:
+            col.close()
+        _remove_tree(root)

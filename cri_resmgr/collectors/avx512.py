@@ -195,6 +195,7 @@ class Avx512Collector(Collector):
         if attribution.mode == "cgroup_id":
             assert attribution.v2_root is not None  # set in cgroup_id mode
             self._cg = CgroupIdResolver(attribution.v2_root)
+            _ = self._cg.handles  # opened now, so that the status says whether new cgroup ids wait for walks
         else:
             self._pid = PidResolver(self.paths.proc, attribution.controller)
         self._attach_t = self.clock()
@@ -206,6 +207,8 @@ class Avx512Collector(Collector):
     def _status(self) -> str:
         assert self.source is not None and self.attribution is not None
         s = f"{self.source.loader}; attribution by {self.attribution.mode}"
+        if self._cg is not None and self._cg.handles is None:
+            s += f" (cgroup ids made between walks wait for a walk: {self._cg.handles_reason})"
         if self.failed_inserts:
             s += (f"; counts map full: {self.failed_inserts} events not attributed - raise "
                   f"collectors.avx512.map_entries (now {self.source.capacity})")
@@ -244,19 +247,23 @@ class Avx512Collector(Collector):
         mono_ns = time.clock_gettime_ns(time.CLOCK_MONOTONIC)  # bpf_ktime_get_ns() is CLOCK_MONOTONIC
         # Discover after reading the map: a key read above whose cgroup is absent now has really gone.
         layout = self.attribution.ident_layout
-        walked: dict[int, str] | None = None  # set: keys of cgroups the last walk did not see wait for the next
+        waiting: set[int] = set()  # cgroup ids that the last walk did not see and that wait for the next
         if self._cg is not None:
             # One walk of the v2 tree serves both the id -> path map and container discovery; it is redone
-            # only when something changed: inotify saw a container come or go, the map holds a cgroup id the
-            # last walk did not see (UNKNOWN_RESCAN_SECONDS after the last walk), or RESCAN_SECONDS passed (ids
-            # of other cgroups that went away).
+            # only when something changed: inotify saw a container come or go, or RESCAN_SECONDS passed (ids
+            # of other cgroups that went away). An id made since the last walk is looked up by its file handle;
+            # where that cannot be done, it waits for a walk, UNKNOWN_RESCAN_SECONDS after the last at most.
             if self._v2_discovery is None:
                 self._v2_discovery = ContainerDiscovery(self._cg.v2_root)
             changed = self._v2_discovery.poll()
             paths = self._cg.paths
-            unknown = any(k.cgroup_id not in paths for k in snap.counts)
-            if (changed or self._found is None or t - self._scanned_at >= RESCAN_SECONDS
-                    or (unknown and t - self._scanned_at >= UNKNOWN_RESCAN_SECONDS)):
+            walk = changed or self._found is None or t - self._scanned_at >= RESCAN_SECONDS
+            if not walk:
+                unknown = [k.cgroup_id for k in snap.counts if k.cgroup_id not in paths]
+                waiting = self._cg.lookup(unknown) if unknown else waiting
+                walk = bool(waiting) and t - self._scanned_at >= UNKNOWN_RESCAN_SECONDS
+            if walk:
+                waiting = set()
                 found = containers_in(self._cg.scan().values())
                 # The same containers as the last walk keep their identity objects: the row (laid out again when
                 # an identity is another object) and the store's column plan stand across the RESCAN_SECONDS walk.
@@ -264,8 +271,6 @@ class Avx512Collector(Collector):
                 self._found = [p if (p := prev.get(i.container_id)) is not None and p == i else i for i in found]
                 self._scanned_at = t
                 self._assigned = False
-            elif unknown:
-                walked = paths
             containers = {c.container_id: c for c in self.identities(layout, self._found)}
             if not self._assigned:
                 self._cg.assign(list(containers.values()))
@@ -278,7 +283,7 @@ class Avx512Collector(Collector):
         live: dict[str, Counts] = {}
         dead: list[CounterKey] = []
         for key, counts in snap.counts.items():
-            if walked is not None and key.cgroup_id not in walked:
+            if key.cgroup_id in waiting:
                 continue  # made since the last walk: looked up at the next one
             alive, cid = self._resolve(key, counts)
             if not alive:
@@ -384,6 +389,8 @@ class Avx512Collector(Collector):
         return _Row(list(containers), list(containers.values()), cpus, keys, index, cpu_at, values)
 
     def close(self) -> None:
+        if self._cg is not None:
+            self._cg.close()
         if self._v2_discovery is not None:
             self._v2_discovery.close()
             self._v2_discovery = None
