@@ -309,3 +309,55 @@ def test_window_by_label_sums_what_query_range_gives_per_series():
         got = window_by_label(s, metric, matchers, now, 60.0, fn)
         assert got == pytest.approx(expect, rel=1e-12), (metric, matchers)
         assert (len(got) > 0) == (metric != "absent")
+
+
+def test_window_by_label_follows_series_that_come_go_and_reuse_a_column():
+    """window_by_label keeps which columns it reads until the store's set of series changes (Store.by_index): a
+    container whose series appear later is read from then on, one whose column was reclaimed (and reused by
+    another series) is no longer read, and a series' values are read afresh every call."""
+    from cri_resmgr.store.query import window_by_label
+
+    s = Store(retention_seconds=40)  # 20 rows at 2 s: a series not written for a ring is reclaimed
+    t = 1000.0
+
+    def write(cids, v):
+        nonlocal t
+        t += 2.0
+        s.append("cg", t, [Sample("occ", {"container_id": c}, v) for c in cids], 2.0)
+
+    for _ in range(3):
+        write(["a", "b"], 5.0)
+    assert window_by_label(s, "occ", [], t, 10.0) == {"a": 5.0, "b": 5.0}
+    version = s.index_version
+    write(["a", "b"], 7.0)
+    assert s.index_version == version and window_by_label(s, "occ", [], t, 2.0) == {"a": 7.0, "b": 7.0}
+    write(["a", "b", "c"], 9.0)  # a new container
+    assert window_by_label(s, "occ", [], t, 2.0) == {"a": 9.0, "b": 9.0, "c": 9.0}
+    col_b = next(r.col for r in s.select("occ") if r.label_dict["container_id"] == "b")
+    for _ in range(25):  # b stops: after a ring its column is reclaimed, then taken by d
+        write(["a", "c"], 1.0)
+    write(["a", "c", "d"], 3.0)
+    cols = {r.label_dict["container_id"]: r.col for r in s.select("occ")}
+    assert "b" not in cols and cols["d"] == col_b
+    assert window_by_label(s, "occ", [], t, 2.0) == {"a": 3.0, "c": 3.0, "d": 3.0}
+
+
+def test_by_index_keeps_a_value_until_the_index_changes_and_a_bounded_number_of_them():
+    from cri_resmgr.store.tsdb import BY_INDEX_KEEP
+
+    s = Store()
+    calls = []
+
+    def compute():
+        calls.append(1)
+        return len(s.select("m"))
+
+    s.append("t", 1.0, [Sample("m", {"k": "1"}, 1.0)])
+    assert s.by_index("n", compute) == 1 and s.by_index("n", compute) == 1 and len(calls) == 1
+    s.append("t", 2.0, [Sample("m", {"k": "1"}, 2.0)])  # a value, not a series: kept
+    assert s.by_index("n", compute) == 1 and len(calls) == 1
+    s.append("t", 3.0, [Sample("m", {"k": "2"}, 1.0)])  # a new series: computed again
+    assert s.by_index("n", compute) == 2 and len(calls) == 2
+    for i in range(BY_INDEX_KEEP + 10):
+        s.by_index(("other", i), lambda: 0)
+    assert len(s._by_index) == BY_INDEX_KEEP and "n" not in s._by_index

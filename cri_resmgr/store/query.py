@@ -371,19 +371,27 @@ def window_by_label(store: Store, metric: str, matchers: list[Matcher], end: flo
         raise QueryError(f"fn must be 'raw' or 'rate', got {fn!r}")
     times = step_times(end, end, window)
     lookback = window if fn == "raw" else 2 * window
-    # The matchers are tried here on each series (whose labels are looked at anyway) rather than by Store.select:
-    # its inverted index of the metric (~1.4 MB for 3,300 series) would be rebuilt whenever a series comes or goes.
-    by_table: dict[str, list[tuple[SeriesRef, str]]] = {}
-    for ref in store.select(metric):
-        lab = dict(ref.labels)
-        key = lab.get(label)
-        if key and all(m.matches(lab) for m in matchers):
-            by_table.setdefault(ref.table, []).append((ref, key))
+
+    def columns() -> dict[str, tuple[list[int], list[str]]]:
+        # The matchers are tried here on each series (whose labels are looked at anyway) rather than by
+        # Store.select: its inverted index of the metric (~1.4 MB for 3,300 series) would be rebuilt whenever a
+        # series comes or goes. Kept by the store until its set of series changes (1,000 containers: ~5 ms a call).
+        by_table: dict[str, tuple[list[int], list[str]]] = {}
+        for ref in store.select(metric):
+            lab = dict(ref.labels)
+            key = lab.get(label)
+            if key and all(m.matches(lab) for m in matchers):
+                cols, keys = by_table.setdefault(ref.table, ([], []))
+                cols.append(ref.col)
+                keys.append(key)
+        return by_table
+
     out: dict[str, float] = {}
-    for table, refs in by_table.items():
-        ts, V = store.raw_matrix(table, [r.col for r, _ in refs], end - lookback, end)
+    by_table = store.by_index(("window_by_label", metric, tuple(matchers), label), columns)
+    for table, (cols, keys) in by_table.items():
+        ts, V = store.raw_matrix(table, cols, end - lookback, end)
         M = rate_matrix(ts, V, times, window) if fn == "rate" else aggregate_matrix(ts, V, times, window, "avg")
-        for (_, key), v in zip(refs, M[-1].tolist(), strict=True):
+        for key, v in zip(keys, M[-1].tolist(), strict=True):
             if v == v:  # (NaN: no sample in the window)
                 out[key] = out.get(key, 0.0) + v
     return out

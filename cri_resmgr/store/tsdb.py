@@ -17,9 +17,9 @@ from __future__ import annotations
 import math
 import threading
 from collections import deque
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 import numpy as np
 
@@ -937,6 +937,8 @@ class NewRows(NamedTuple):
     values: np.ndarray  # [rows, columns]
 
 
+BY_INDEX_KEEP = 64  # Store.by_index: derived values kept
+_T = TypeVar("_T")
 _REFUSED_KEEP = 65536  # refused series keys remembered (so each counts once); beyond, each refusal counts
 _PAIRS_KEEP = 65536  # interned label pairs kept at least (see Store._labels_key)
 
@@ -1005,6 +1007,7 @@ class Store:
         self._label_sets: dict[Labels, Labels] = {}
         self._plans: dict[str, _ColumnPlan] = {}  # per table, for append_columns
         self.index_version = 0  # bumped whenever a series enters or leaves the index (readers cache by it)
+        self._by_index: dict[Hashable, tuple[int, Any]] = {}  # by_index(): key -> (index_version, value)
 
     def _labels_key(self, labels: Mapping[str, str]) -> Labels:
         """:func:`labels_key` interned: the store's one tuple for this label set, made of its shared pairs (which a
@@ -1296,6 +1299,23 @@ class Store:
         """:meth:`series_by_metric` with the :attr:`index_version` it is of."""
         with self._lock:
             return self.index_version, {m: list(series.values()) for m, series in self._index.items()}
+
+    def by_index(self, key: Hashable, compute: Callable[[], _T]) -> _T:
+        """``compute()``, kept until a series enters or leaves the index: for readers that derive something from
+        the set of series alone (which series a query reads, grouped by a label), every round, while that set
+        rarely changes. At most ``BY_INDEX_KEEP`` keys are kept (the oldest go first)."""
+        with self._lock:
+            version = self.index_version
+            hit = self._by_index.get(key)
+            if hit is not None and hit[0] == version:
+                return hit[1]
+        value = compute()
+        with self._lock:  # with the version it was computed from: a change meanwhile makes the next call compute
+            self._by_index.pop(key, None)
+            self._by_index[key] = (version, value)
+            while len(self._by_index) > BY_INDEX_KEEP:
+                del self._by_index[next(iter(self._by_index))]
+        return value
 
     def row_counts(self) -> dict[str, int]:
         """Rows ever written per table (``Table.seq``): the cursor :meth:`rows_since` continues from."""
