@@ -241,6 +241,11 @@ def _real_v2_tree():
     v2 = layout.root if layout.version == 2 else layout.unified
     if v2 is None:
         return None, "no cgroup2 hierarchy on this machine"
+    h, why = CgroupHandles.open(v2)
+    if h is None and "not permitted" in why:  # root without CAP_DAC_READ_SEARCH (a restricted container)
+        return None, why
+    if h is not None:
+        h.close()
     root = v2 / f"crirm-test-handles-{uuid.uuid4().hex[:12]}"
     root.mkdir()
     return root, ""
