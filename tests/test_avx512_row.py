@@ -176,6 +176,37 @@ def test_the_periodic_rescan_keeps_the_row_and_its_keys_when_no_container_change
     col.close()
 
 
+def _count_walks(monkeypatch) -> list[int]:
+    """Walks of the v2 tree (CgroupIdResolver.scan) from now on: ``[n]``."""
+    walks = [0]
+    scan = CgroupIdResolver.scan
+
+    def counted(self):
+        walks[0] += 1
+        return scan(self)
+
+    monkeypatch.setattr(CgroupIdResolver, "scan", counted)
+    return walks
+
+
+def _switches(row, cid: str) -> float:
+    return next(v for (m, lab), v in zip(row.keys, row.values.tolist(), strict=True)
+                if m == M.CONTAINER_CONTEXT_SWITCHES.name and lab["container_id"] == cid)
+
+
+def _new_scope_every_run(col, root, t: list[float], n: int) -> dict[int, CounterKey]:
+    """``n`` runs 2 s apart, before each a new non-container cgroup (a systemd scope) with 10 switches counted."""
+    key_of = {}
+    for run in range(1, n + 1):
+        t[0] += 2.0
+        d = root / "system.slice" / f"run-{run}.scope"
+        d.mkdir(parents=True)
+        key_of[run] = CounterKey(os.stat(d).st_ino)
+        col.source.counts[key_of[run]] = Counts(0, 10, 0)
+        col.collect_row(t[0])
+    return key_of
+
+
 def test_unknown_cgroup_ids_wait_for_a_walk_at_most_every_few_seconds_and_lose_no_counts(tmp_path, monkeypatch):
     """Where cgroup ids cannot be looked up by file handle (here a fixture tree, not cgroup2), cgroups made every
     run that are not containers (a node's systemd scopes) do not make the collector walk the v2 tree every run:
@@ -188,29 +219,10 @@ def test_unknown_cgroup_ids_wait_for_a_walk_at_most_every_few_seconds_and_lose_n
     t = [10.0]
     col = fake_collector(root, t)
     src = col.source
-    walks = [0]
-    scan = CgroupIdResolver.scan
-
-    def counted(self):
-        walks[0] += 1
-        return scan(self)
-
-    monkeypatch.setattr(CgroupIdResolver, "scan", counted)
-
-    def switches(row, cid: str) -> float:
-        return next(v for (m, lab), v in zip(row.keys, row.values.tolist(), strict=True)
-                    if m == M.CONTAINER_CONTEXT_SWITCHES.name and lab["container_id"] == cid)
-
+    walks = _count_walks(monkeypatch)
     col.collect_row(t[0])
     assert walks[0] == 1
-    key_of = {}
-    for run in range(1, 5):  # a new scope every 2 s
-        t[0] += 2.0
-        d = root / "system.slice" / f"run-{run}.scope"
-        d.mkdir(parents=True)
-        key_of[run] = CounterKey(os.stat(d).st_ino)
-        src.counts[key_of[run]] = Counts(0, 10, 0)
-        col.collect_row(t[0])
+    key_of = _new_scope_every_run(col, root, t, 4)
     assert walks[0] == 1, "no walk for them within UNKNOWN_RESCAN_SECONDS of the last"
     assert all(k in src.counts for k in key_of.values()), "not retired while unknown"
     sub = root / rel(1) / "init.scope"  # a sub-cgroup in container 1, made between walks
@@ -220,14 +232,14 @@ def test_unknown_cgroup_ids_wait_for_a_walk_at_most_every_few_seconds_and_lose_n
     t[0] += A.UNKNOWN_RESCAN_SECONDS - 8.0  # 10 s after the walk
     row = col.collect_row(t[0])
     assert walks[0] == 2
-    assert switches(row, f"{1:064x}") == 7.0, "the sub-cgroup's counts are its container's from the walk on"
+    assert _switches(row, f"{1:064x}") == 7.0, "the sub-cgroup's counts are its container's from the walk on"
     assert key_of[1] not in src.counts and all(key_of[r] in src.counts for r in (2, 3, 4)), "the removed retired"
     make_v2(root, rel(2), Values())  # a new container: inotify, a walk at once
     t[0] += 2.0
     d = root / rel(2)
     src.counts[CounterKey(os.stat(d).st_ino)] = Counts(0, 5, 0)
     row = col.collect_row(t[0])
-    assert walks[0] == 3 and switches(row, f"{2:064x}") == 5.0
+    assert walks[0] == 3 and _switches(row, f"{2:064x}") == 5.0
     col.close()
 
 
@@ -296,29 +308,10 @@ def test_new_cgroup_ids_are_looked_up_by_handle_at_once_without_a_walk_on_the_re
         t = [10.0]
         col = fake_collector(root, t)
         src = col.source
-        walks = [0]
-        scan = CgroupIdResolver.scan
-
-        def counted(self):
-            walks[0] += 1
-            return scan(self)
-
-        monkeypatch.setattr(CgroupIdResolver, "scan", counted)
-
-        def switches(row, cid: str) -> float:
-            return next(v for (m, lab), v in zip(row.keys, row.values.tolist(), strict=True)
-                        if m == M.CONTAINER_CONTEXT_SWITCHES.name and lab["container_id"] == cid)
-
+        walks = _count_walks(monkeypatch)
         col.collect_row(t[0])
         assert walks[0] == 1 and col._cg.handles is not None, col._cg.handles_reason
-        key_of = {}
-        for run in range(1, 5):  # a new scope every 2 s
-            t[0] += 2.0
-            d = root / "system.slice" / f"run-{run}.scope"
-            d.mkdir(parents=True)
-            key_of[run] = CounterKey(os.stat(d).st_ino)
-            src.counts[key_of[run]] = Counts(0, 10, 0)
-            col.collect_row(t[0])
+        key_of = _new_scope_every_run(col, root, t, 4)
         assert all(k in src.counts for k in key_of.values()), "live scopes are not retired"
         assert all(col._cg.alive(k.cgroup_id) and col._cg.container(k.cgroup_id) is None for k in key_of.values())
         sub = root / rel(1) / "init.scope"  # a sub-cgroup in container 1, made between walks
@@ -330,7 +323,7 @@ def test_new_cgroup_ids_are_looked_up_by_handle_at_once_without_a_walk_on_the_re
         brief.rmdir()
         t[0] += 2.0
         row = col.collect_row(t[0])
-        assert switches(row, f"{1:064x}") == 7.0, "the sub-cgroup's counts are its container's in the same run"
+        assert _switches(row, f"{1:064x}") == 7.0, "the sub-cgroup's counts are its container's in the same run"
         assert brief_key not in src.counts, "an id no live cgroup has is retired in the run that sees it"
         t[0] += 20.0  # past UNKNOWN_RESCAN_SECONDS: still nothing to walk for
         col.collect_row(t[0])
