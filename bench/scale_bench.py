@@ -392,7 +392,7 @@ def child_agent(spec: dict) -> dict:
                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
     time.sleep(spec["warmup"])
     spy = None
-    if spec.get("profile"):  # py-spy (a bench-time tool, not a dependency) samples this process from outside
+    if spec.get("profile"):  # py-spy (the bench extra, not an agent dependency) samples this process from outside
         spy = subprocess.Popen([str(Path(sys.executable).with_name("py-spy")), "record", "--nonblocking", "--threads",
                                 "--pid", str(os.getpid()), "--duration", str(int(spec["seconds"])), "--rate", "200",
                                 "--format", "raw", "-o", spec["profile"]], stdout=subprocess.DEVNULL,
@@ -588,7 +588,7 @@ def main() -> None:
     ap.add_argument("--pairs", type=int, default=2, help="with --compare: runs of this checkout and the other, "
                     "alternating, this many of each")
     ap.add_argument("--profile", type=Path, help="whole agent: write py-spy's collapsed stacks of each run here "
-                    "(DIR/agent-N-interval-k.txt; needs py-spy in the venv)")
+                    "(DIR/agent-N-interval-k.txt; needs py-spy: pip install -e '.[bench]')")
     ap.add_argument("--agent-only", action="store_true", help="skip the per-collector runs")
     ap.add_argument("--memory", action="store_true", help="whole agent: after the window, RSS after malloc_trim "
                     "and the Python objects by type")
@@ -627,7 +627,7 @@ def main() -> None:
 
     if args.profile is not None:
         if not Path(sys.executable).with_name("py-spy").exists():
-            ap.error("--profile needs py-spy in the venv: .venv/bin/pip install py-spy")
+            ap.error("--profile needs py-spy in the venv: .venv/bin/pip install -e '.[bench]'")
         args.profile.mkdir(parents=True, exist_ok=True)
     sys.path.insert(0, str(REPO))
     from cri_resmgr.collectors.perf import find_perf_cgroup_root
