@@ -16,10 +16,11 @@ Each variant runs in a child process ("the agent"). Per collector: 3 warm-up cyc
 to back, each writing into a store like the agent (perf with software events: the hardware ones answer ENOENT
 here). Whole agent: ``Agent`` with its default configuration (every collector on; perf is down here unless
 ``--perf-sw-events``), at default intervals and, for 200 containers, with every interval at 1 s; CPU time of the
-process over ``--seconds`` after a warm-up. The agent is served as ``cri-resmgr run`` serves it (serve.py: the
-FastAPI app under uvicorn, switch interval 1 ms), scraped over HTTP every 15 s and for the /metrics figures, so its
-RSS is the real agent's (``--no-serve``: the agent without its HTTP side, ~20 MB less, as before). The FUSE server
-runs in this process, so its work is not charged to the child.
+process over ``--seconds`` after a warm-up (by default until the RDT rotation has given every container its
+turn, plus 15 s: the steady state; ``--warmup`` to choose). The agent is served as ``cri-resmgr run`` serves it
+(serve.py: the FastAPI app under uvicorn, switch interval 1 ms), scraped over HTTP every 15 s by another process and
+for the /metrics figures, so its RSS is the real agent's (``--no-serve``: the agent without its HTTP side, ~20 MB
+less, as before). The FUSE server runs in this process, so its work is not charged to the child.
 
     sudo nice .venv/bin/python bench/scale_bench.py [--containers 200,1000] [--seconds 60]
     # every container running now and then (0.2 ms of CPU a second each by default)
@@ -357,6 +358,21 @@ while True:
 """
 
 
+def warmup_for(containers: int, rmids: int, interval: float | None) -> float:
+    """Seconds until the agent's RDT rotation (its default budget share and slice) has given every container a
+    MON group once, plus 15 s (the collectors' first cycles): before that, RDT series are still being added, so
+    every scrape rebuilds the exposition's plan and the window does not show the steady state."""
+    from cri_resmgr.config import RdtCollectorConfig
+
+    cfg = RdtCollectorConfig()
+    if containers < rmids:  # (RMID 0 is resctrl's default group) a group each: no rotation
+        return 15.0
+    slots = max(1, int(rmids * cfg.rotation_share))
+    rotating = containers - (rmids - slots)
+    cycle = max(cfg.rotation_slice_seconds, interval or cfg.interval_seconds)
+    return 15.0 + math.ceil(rotating / slots) * cycle
+
+
 def child_agent(spec: dict) -> dict:
     import yaml
 
@@ -496,7 +512,8 @@ def child_agent(spec: dict) -> dict:
         once["store_rows_mb"] = sum(t.nbytes() for t in agent.store.tables.values()) / 2**20
     out = {"cpu_share": cpu_share, "rss_mb": rss / 1024, "projected_mb": _projected_rss(rss, agent.store),
            "series": agent.store.series_count, "metrics_ms": sorted(times)[2] * 1e3, "metrics_bytes": size,
-           "health": health, "threads": threads, "once": once, "notes": notes, "served": served is not None}
+           "health": health, "threads": threads, "once": once, "notes": notes, "served": served is not None,
+           "warmup": spec["warmup"]}
     if scraper is not None:
         if scraper.poll() is not None:  # it stopped scraping: the window was not a scraped agent's
             out["notes"]["scraper"] = f"the scraper exited during the window (status {scraper.returncode})"
@@ -574,7 +591,10 @@ def main() -> None:
     ap.add_argument("--containers", default="200,1000")
     ap.add_argument("--cycles", type=int, default=10)
     ap.add_argument("--seconds", type=float, default=60.0, help="whole-agent measurement window")
-    ap.add_argument("--warmup", type=float, default=15.0)
+    ap.add_argument("--warmup", type=float, default=None,
+                    help="whole agent: seconds before the window (default: 15 s after the RDT rotation has given "
+                         "every container its turn, so that the window sees the steady state: ~145 s at 1,000 "
+                         "containers and 256 RMIDs)")
     ap.add_argument("--rmids", type=int, default=256, help="RMIDs of the emulated resctrl")
     ap.add_argument("--perf-sw-events", action="store_true",
                     help="whole agent: perf counts software events (its default hardware events answer ENOENT here, "
@@ -704,7 +724,8 @@ def main() -> None:
                     d.mkdir()
                     agents[(interval, who, k, sw)] = run_child(
                         "agent", {**base, "tmp": str(d), "interval": interval, "seconds": args.seconds,
-                                  "warmup": args.warmup, "perf_sw_events": args.perf_sw_events, "switch_interval": sw,
+                                  "warmup": warmup_for(n, args.rmids, interval) if args.warmup is None
+                                  else args.warmup, "perf_sw_events": args.perf_sw_events, "switch_interval": sw,
                                   "memory": args.memory, "fill": args.fill, "serve": not args.no_serve,
                                   "tracemalloc": args.tracemalloc, "tracemalloc_dump": args.tracemalloc_dump,
                                   "profile": str(args.profile / f"agent-{n}-{interval}-{k}.txt") if args.profile
@@ -747,7 +768,8 @@ def main() -> None:
             if other_script:
                 label += f", {'this checkout' if who == 'this' else args.compare} (run {k + 1})"
             label += ", served over HTTP" if a.get("served") else ", without the HTTP side (--no-serve)"
-            print(f"whole agent, {label}: CPU {a['cpu_share'] * 100:.2f} % of a core (over {args.seconds:g} s), "
+            print(f"whole agent, {label}: CPU {a['cpu_share'] * 100:.2f} % of a core (over {args.seconds:g} s "
+                  f"from {a.get('warmup', math.nan):g} s after the start), "
                   f"RSS {a['rss_mb']:.1f} MB now, {a['projected_mb']:.1f} MB projected at full retention, "
                   f"{a['series']} series, /metrics {a['metrics_ms']:.1f} ms for {a['metrics_bytes'] / 1e6:.2f} MB "
                   f"(back to back; {a.get('once', {}).get('metrics_spaced_ms', math.nan):.1f} ms 5 s apart)")
