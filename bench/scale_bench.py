@@ -522,7 +522,6 @@ def child_agent(spec: dict) -> dict:
     if spec.get("fill"):  # the collectors stop; the store is filled to its retention and the RSS measured
         from cri_resmgr.heap import release_free_heap
 
-
         agent._stop.set()
         for ev in agent._wake.values():
             ev.set()
