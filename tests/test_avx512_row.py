@@ -1,5 +1,6 @@
 """The AVX-512 collector's row (Columns, only changed containers computed) against the per-sample computation
-it replaced: every container's window updated on every run, on a fixture v2 tree with a fake BPF source."""
+it replaced: every container's window updated on every run, on a fixture v2 tree with a fake BPF source; and how
+cgroup ids made between walks are settled, there and (as root) on the machine's cgroup2 tree, by file handle."""
 
 import os
 import random
