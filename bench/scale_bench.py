@@ -105,10 +105,10 @@ def _heap_report() -> str:
     """Where the anonymous memory is: glibc malloc's arenas (bytes in use, free but held) and its own mmaps
     (mallinfo2), and Python's small-object allocator (pymalloc: arenas, bytes in used and in free blocks, from
     sys._debugmallocstats, which writes to fd 2)."""
-    from cri_resmgr.heap import _libc  # the C library the agent's own malloc calls go to (None: not found)
+    from cri_resmgr.libc import LIBC  # the C library the agent's own malloc calls go to
 
     parts = []
-    fn = getattr(_libc(), "mallinfo2", None)
+    fn = getattr(LIBC, "mallinfo2", None)
     if fn is not None:  # glibc >= 2.33
         fn.restype = _Mallinfo2
         m = fn()

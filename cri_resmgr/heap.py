@@ -10,24 +10,17 @@ of every arena (glibc >= 2.8); it takes well under a millisecond. Elsewhere (mus
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import functools
 import logging
+
+from .libc import LIBC
 
 log = logging.getLogger(__name__)
 
 
 @functools.cache
-def _libc() -> ctypes.CDLL | None:
-    try:
-        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-    except OSError:
-        return None
-
-
-@functools.cache
 def _malloc_trim():
-    fn = getattr(_libc(), "malloc_trim", None)
+    fn = getattr(LIBC, "malloc_trim", None)
     if fn is None:  # not glibc
         return None
     fn.argtypes = [ctypes.c_size_t]
@@ -55,7 +48,7 @@ def fix_mmap_threshold(nbytes: int = MMAP_THRESHOLD_BYTES) -> bool:
     they leave stay resident: malloc_trim gets few of them back. At 1,000 containers that is ~30 MB of RSS
     within 3 min (measured side by side with and without: 131 -> 100 MB), at no measurable CPU. False where
     not glibc."""
-    fn = getattr(_libc(), "mallopt", None)
+    fn = getattr(LIBC, "mallopt", None)
     if fn is None:  # not glibc
         return False
     fn.argtypes = [ctypes.c_int, ctypes.c_int]
@@ -75,7 +68,7 @@ def limit_arenas(arenas: int = MALLOC_ARENAS) -> bool:
     1,000 containers that was ten arenas holding ~35 MB of which several MB were free. The threads take the GIL
     for nearly all their allocations, so sharing an arena costs them little waiting. Call before the threads
     start (an arena a thread already has stays its own). False where not glibc."""
-    fn = getattr(_libc(), "mallopt", None)
+    fn = getattr(LIBC, "mallopt", None)
     if fn is None:  # not glibc
         return False
     fn.argtypes = [ctypes.c_int, ctypes.c_int]

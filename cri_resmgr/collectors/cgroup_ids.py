@@ -28,6 +28,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..libc import LIBC
 from ..sysfs import read_text
 from .identity import ContainerIdentity
 
@@ -118,7 +119,6 @@ def path_in_hierarchy(entries: list[ProcCgroup], controller: str | None) -> str 
 # -- cgroup id -> path by file handle ------------------------------------------------------------------
 FILEID_KERNFS = 0xFE  # include/linux/exportfs.h: a kernfs node id, 8 bytes (cgroup2's file handles)
 _AT_FDCWD = -100
-_libc = ctypes.CDLL(None, use_errno=True)
 
 
 class _FileHandle(ctypes.Structure):
@@ -145,12 +145,12 @@ class CgroupHandles:
     def open(cls, v2_root: Path) -> tuple[CgroupHandles | None, str]:
         """Handles for the v2 tree at ``v2_root``, or None and why not (not cgroup2's handles there, no
         CAP_DAC_READ_SEARCH, no such calls in the C library)."""
-        if not hasattr(_libc, "open_by_handle_at") or not hasattr(_libc, "name_to_handle_at"):
+        if not hasattr(LIBC, "open_by_handle_at") or not hasattr(LIBC, "name_to_handle_at"):
             return None, "the C library has no open_by_handle_at"
         root = os.fsencode(v2_root)
         fh, mount_id = _FileHandle(), ctypes.c_int()
         fh.handle_bytes = 8
-        if _libc.name_to_handle_at(_AT_FDCWD, root, ctypes.byref(fh), ctypes.byref(mount_id), 0) != 0:
+        if LIBC.name_to_handle_at(_AT_FDCWD, root, ctypes.byref(fh), ctypes.byref(mount_id), 0) != 0:
             return None, f"no file handle for {v2_root}: {os.strerror(ctypes.get_errno())}"
         try:
             ino = os.stat(v2_root).st_ino
@@ -180,7 +180,7 @@ class CgroupHandles:
             return None
         fh = _FileHandle(8, FILEID_KERNFS)
         fh.f_handle[:] = cgroup_id.to_bytes(8, "little")
-        fd = _libc.open_by_handle_at(self._fd, ctypes.byref(fh), os.O_PATH | os.O_CLOEXEC)
+        fd = LIBC.open_by_handle_at(self._fd, ctypes.byref(fh), os.O_PATH | os.O_CLOEXEC)
         if fd < 0:
             err = ctypes.get_errno()
             if err in (errno.ESTALE, errno.ENOENT):

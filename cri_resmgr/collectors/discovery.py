@@ -21,7 +21,6 @@ Events can be lost (``IN_Q_OVERFLOW``), so an overflow triggers a full rescan, a
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import errno
 import logging
 import os
@@ -31,6 +30,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from ..libc import LIBC
 from .identity import ContainerIdentity, is_container_dir, parse_container_path
 
 log = logging.getLogger(__name__)
@@ -71,12 +71,11 @@ class _Inotify:
     """The three libc calls; raises OSError with the errno."""
 
     def __init__(self) -> None:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        self._add = libc.inotify_add_watch
+        self._add = LIBC.inotify_add_watch
         self._add.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_uint32]
-        self._rm = libc.inotify_rm_watch
+        self._rm = LIBC.inotify_rm_watch
         self._rm.argtypes = [ctypes.c_int, ctypes.c_int]
-        fd = libc.inotify_init1(IN_NONBLOCK | IN_CLOEXEC)
+        fd = LIBC.inotify_init1(IN_NONBLOCK | IN_CLOEXEC)
         if fd < 0:
             e = ctypes.get_errno()
             raise OSError(e, os.strerror(e))

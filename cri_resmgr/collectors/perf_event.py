@@ -26,6 +26,8 @@ import platform
 import struct
 from dataclasses import dataclass
 
+from ..libc import LIBC
+
 # -- constants from include/uapi/linux/perf_event.h ------------------------------------------------
 PERF_TYPE_HARDWARE = 0
 PERF_TYPE_SOFTWARE = 1
@@ -161,14 +163,10 @@ def _syscall_number() -> int:
     return nr
 
 
-_libc = ctypes.CDLL(None, use_errno=True)
-_libc.syscall.restype = ctypes.c_long
-
-
 def perf_event_open(attr: PerfEventAttr, pid: int, cpu: int, group_fd: int = -1, flags: int = 0) -> int:
     """Return a new event fd (close-on-exec) or raise :class:`PerfOpenError`."""
-    fd = _libc.syscall(ctypes.c_long(_syscall_number()), ctypes.byref(attr), ctypes.c_int(pid), ctypes.c_int(cpu),
-                       ctypes.c_int(group_fd), ctypes.c_ulong(flags | PERF_FLAG_FD_CLOEXEC))
+    fd = LIBC.syscall(ctypes.c_long(_syscall_number()), ctypes.byref(attr), ctypes.c_int(pid), ctypes.c_int(cpu),
+                      ctypes.c_int(group_fd), ctypes.c_ulong(flags | PERF_FLAG_FD_CLOEXEC))
     if fd < 0:
         e = ctypes.get_errno()
         raise PerfOpenError(e, os.strerror(e))

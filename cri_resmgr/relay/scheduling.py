@@ -35,6 +35,8 @@ import platform
 import struct
 from dataclasses import dataclass
 
+from ..libc import LIBC
+
 # include/uapi/linux/sched/types.h, up to sched_period (SCHED_ATTR_SIZE_VER0):
 # size, sched_policy, sched_flags, sched_nice, sched_priority, sched_runtime, sched_deadline, sched_period
 _SCHED_ATTR = struct.Struct("=IIQiIQQQ")
@@ -45,9 +47,6 @@ _NR = {"x86_64": (314, 315), "aarch64": (274, 275)}  # (sched_setattr, sched_get
 # kernel/sched/fair.c clamps a custom slice to [0.1 ms, 100 ms]
 MIN_SLICE_NS, MAX_SLICE_NS = 100_000, 100_000_000
 MIN_NICE, MAX_NICE = -20, 19
-
-_libc = ctypes.CDLL(None, use_errno=True)
-_libc.syscall.restype = ctypes.c_long
 
 
 @dataclass(frozen=True)
@@ -67,8 +66,8 @@ class Priority:
 
 def _get(nr_get: int) -> tuple[int, ...] | None:
     buf = ctypes.create_string_buffer(_SCHED_ATTR.size)
-    if _libc.syscall(ctypes.c_long(nr_get), ctypes.c_int(0), buf, ctypes.c_uint(_SCHED_ATTR.size),
-                     ctypes.c_uint(0)) != 0:
+    if LIBC.syscall(ctypes.c_long(nr_get), ctypes.c_int(0), buf, ctypes.c_uint(_SCHED_ATTR.size),
+                    ctypes.c_uint(0)) != 0:
         return None
     return _SCHED_ATTR.unpack(buf.raw)
 
@@ -76,7 +75,7 @@ def _get(nr_get: int) -> tuple[int, ...] | None:
 def _set(nr_set: int, nice: int, slice_ns: int) -> int:
     """0, or the errno of a refused sched_setattr."""
     attr = ctypes.create_string_buffer(_SCHED_ATTR.pack(_SCHED_ATTR.size, SCHED_OTHER, 0, nice, 0, slice_ns, 0, 0))
-    if _libc.syscall(ctypes.c_long(nr_set), ctypes.c_int(0), attr, ctypes.c_uint(0)) != 0:
+    if LIBC.syscall(ctypes.c_long(nr_set), ctypes.c_int(0), attr, ctypes.c_uint(0)) != 0:
         return ctypes.get_errno()
     return 0
 
