@@ -208,14 +208,14 @@ class CgroupIdResolver:
     """cgroup id -> container, from one walk of the v2 tree per :meth:`refresh`, and by file handle
     (:class:`CgroupHandles`) for ids made since the walk (:meth:`lookup`)."""
 
-    def __init__(self, v2_root: Path, handles: bool = True):
+    def __init__(self, v2_root: Path):
         self.v2_root = Path(v2_root)
         self.paths: dict[int, str] = {}
         self._owner: dict[int, ContainerIdentity | None] = {}
         self._by_path: dict[str, ContainerIdentity] = {}
         self._handles: CgroupHandles | None = None
-        self._handles_tried = not handles
-        self.handles_reason = "not tried" if handles else "off"
+        self._handles_tried = False
+        self.handles_reason = "not tried"
         self.handle_lookups_total = 0
 
     def scan(self) -> dict[int, str]:
