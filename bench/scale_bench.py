@@ -179,12 +179,7 @@ class _Served:
             time.sleep(0.05)
 
     def render(self) -> bytes:
-        import urllib.request
-
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=30) as r:
-            if r.status != 200:
-                raise SystemExit(f"/metrics answered {r.status}")
-            return r.read()
+        return scrape(self.port)
 
     def stop(self) -> None:
         self.server.should_exit = True
@@ -346,16 +341,22 @@ def child_collector(spec: dict) -> dict:
     return out
 
 
-SCRAPER = """
-import sys, time, urllib.request
-port, every = sys.argv[1], float(sys.argv[2])
-while True:
-    time.sleep(every)
+def scrape(port: int) -> bytes:
+    """GET /metrics from the served agent, as Prometheus does."""
+    import urllib.request
+
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as r:
         if r.status != 200:
             raise SystemExit(f"/metrics answered {r.status}")
-        r.read()
-"""
+        return r.read()
+
+
+def scrape_every(port: int, seconds: float) -> None:
+    """A Prometheus scraping the served agent, run in a process of its own (``python -c``, below) so that its
+    reads (4-5 MB a scrape at 1,000 containers) are not the agent's CPU; it ends when the agent is gone."""
+    while True:
+        time.sleep(seconds)
+        scrape(port)
 
 
 def warmup_for(containers: int, rmids: int, interval: float | None) -> float:
@@ -402,10 +403,10 @@ def child_agent(spec: dict) -> dict:
     scraper = None
     if served is not None:
         served.render()
-        # A Prometheus scraping the served agent every 15 s, from a process of its own: its reads (4-5 MB a
-        # scrape at 1,000 containers) are not the agent's CPU.
-        scraper = subprocess.Popen([sys.executable, "-c", SCRAPER, str(served.port), "15"],
-                                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+        here = os.path.dirname(os.path.abspath(__file__))
+        scraper = subprocess.Popen([sys.executable, "-c", f"import sys; sys.path.insert(0, {here!r}); "
+                                    f"import scale_bench; scale_bench.scrape_every({served.port}, 15.0)"],
+                                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     time.sleep(spec["warmup"])
     spy = None
     if spec.get("profile"):  # py-spy (the bench extra, not an agent dependency) samples this process from outside
