@@ -571,10 +571,13 @@ class Pair:
         """The connection WINDOW_UPDATE for all credit owed to the client, now counted as written."""
         owed, self._client_credit = self._client_credit, 0
         self.client_window += owed
+        self._cancel_credit_timer()
+        return frame(WINDOW_UPDATE, 0, 0, owed.to_bytes(4, "big"))
+
+    def _cancel_credit_timer(self) -> None:
         if self._credit_timer is not None:
             self._credit_timer.cancel()
             self._credit_timer = None
-        return frame(WINDOW_UPDATE, 0, 0, owed.to_bytes(4, "big"))
 
     def _header_frame(self, d: _Direction, ftype: int, flags: int, sid: int, raw: bytes, out: list[bytes],
                       on_headers) -> bool:
@@ -975,9 +978,7 @@ class Pair:
     def close(self, reason: str) -> None:
         if self.closed:
             return
-        if self._credit_timer is not None:
-            self._credit_timer.cancel()
-            self._credit_timer = None
+        self._cancel_credit_timer()
         for st in list(self.streams.values()):
             self._finish(st, status(S.UNAVAILABLE), reason)
         self.closed = True
