@@ -330,11 +330,19 @@ def test_new_cgroup_ids_are_looked_up_by_handle_at_once_without_a_walk_on_the_re
         col.collect_row(t[0])
         assert walks[0] == 1, "no walk: every new id was settled by its file handle"
         assert col._cg.handle_lookups_total == 6
-        (root / "system.slice" / "run-1.scope").rmdir()  # a scope seen alive goes: the RESCAN_SECONDS walk
-        t[0] += A.RESCAN_SECONDS
+        (root / "system.slice" / "run-1.scope").rmdir()  # a scope seen alive goes: asked by handle, no walk
+        t[0] = col._checked_at + A.RESCAN_SECONDS - 1.0
         col.collect_row(t[0])
-        assert walks[0] == 2
+        assert key_of[1] in src.counts, "not asked before RESCAN_SECONDS"
+        t[0] += 1.0
+        asked, counted = col._cg.handle_lookups_total, len(src.counts)
+        col.collect_row(t[0])
+        assert walks[0] == 1, "the counted ids were asked by handle instead of a walk"
+        assert col._cg.handle_lookups_total - asked == counted, "each counted id asked once"
         assert key_of[1] not in src.counts and all(key_of[r] in src.counts for r in (2, 3, 4))
+        t[0] += A.WALK_SECONDS
+        col.collect_row(t[0])
+        assert walks[0] == 2, "the safety-net walk"
     finally:
         if col is not None:
             col.close()

@@ -261,6 +261,33 @@ class CgroupIdResolver:
                 self._owner[i] = owning_container(p, self._by_path) if p != OUTSIDE else None
         return pending
 
+    def recheck(self, ids: Iterable[int], limit: int = HANDLE_LOOKUPS_PER_RUN) -> bool:
+        """Ask by file handle whether the cgroups ``ids`` (known from a walk or a lookup) still live: one that
+        went away leaves :attr:`paths` (no longer :meth:`alive`), so its counts are retired. It spares a walk
+        of the whole tree when what is asked is only which of the counted ids went away. False, with nothing
+        changed, when that cannot be answered here (no handles, more than ``limit`` ids, a failed call): a
+        walk must answer it."""
+        todo = [i for i in ids if i in self.paths]
+        h = self.handles
+        if h is None or len(todo) > limit:
+            return False
+        gone = []
+        for i in todo:
+            try:
+                p = h.lookup(i)
+            except OSError as e:
+                log.warning("looking up cgroup ids by file handle failed (%s): walks only from now on", e)
+                h.close()
+                self._handles, self.handles_reason = None, f"open_by_handle_at failed: {e.strerror}"
+                return False
+            self.handle_lookups_total += 1
+            if p is None:
+                gone.append(i)
+        for i in gone:
+            del self.paths[i]
+            self._owner.pop(i, None)
+        return True
+
     def close(self) -> None:
         if self._handles is not None:
             self._handles.close()
