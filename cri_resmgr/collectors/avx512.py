@@ -275,7 +275,7 @@ class Avx512Collector(Collector):
                 waiting = set()
                 found = containers_in(self._cg.scan().values())
                 # The same containers as the last walk keep their identity objects: the row (laid out again when
-                # an identity is another object) and the store's column plan stand across the RESCAN_SECONDS walk.
+                # an identity is another object) and the store's column plan stand across the WALK_SECONDS walk.
                 prev = {i.container_id: i for i in self._found or ()}
                 self._found = [p if (p := prev.get(i.container_id)) is not None and p == i else i for i in found]
                 self._scanned_at = self._checked_at = t

@@ -250,9 +250,7 @@ class CgroupIdResolver:
             try:
                 p = h.lookup(i)
             except OSError as e:  # not ESTALE: the handles are unusable (a capability dropped?): walks only
-                log.warning("looking up cgroup ids by file handle failed (%s): walks only from now on", e)
-                h.close()
-                self._handles, self.handles_reason = None, f"open_by_handle_at failed: {e.strerror}"
+                self._handles_failed(h, e)
                 return pending
             pending.discard(i)
             self.handle_lookups_total += 1
@@ -276,9 +274,7 @@ class CgroupIdResolver:
             try:
                 p = h.lookup(i)
             except OSError as e:
-                log.warning("looking up cgroup ids by file handle failed (%s): walks only from now on", e)
-                h.close()
-                self._handles, self.handles_reason = None, f"open_by_handle_at failed: {e.strerror}"
+                self._handles_failed(h, e)
                 return False
             self.handle_lookups_total += 1
             if p is None:
@@ -287,6 +283,11 @@ class CgroupIdResolver:
             del self.paths[i]
             self._owner.pop(i, None)
         return True
+
+    def _handles_failed(self, h: CgroupHandles, e: OSError) -> None:
+        log.warning("looking up cgroup ids by file handle failed (%s): walks only from now on", e)
+        h.close()
+        self._handles, self.handles_reason = None, f"open_by_handle_at failed: {e.strerror}"
 
     def close(self) -> None:
         if self._handles is not None:
