@@ -115,6 +115,62 @@ def test_files_are_kept_open_and_reread_and_closed_with_their_container(tmp_path
     col.close()
 
 
+def _fds_under(root: Path) -> int:
+    """Descriptors this process holds on files under ``root``, as the kernel lists them (/proc/self/fd)."""
+    n = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            n += os.readlink(f"/proc/self/fd/{fd}").startswith(f"{root}/")
+        except OSError:
+            continue  # the directory's own descriptor, closed while listed
+    return n
+
+
+def test_the_kept_open_count_is_what_the_kernel_shows_through_churn_gone_reads_and_shedding(tmp_path: Path):
+    """open_descriptors is counted where files open and close (status() reports it after every run), so it must
+    equal the descriptors the kernel lists for the tree after every kind of change; a container whose read finds
+    it gone after opening some of its files was the case that drifted (counted low, so the limit and
+    the shedding went by a wrong figure)."""
+    root = tmp_path / "cgroup"
+    rels = []
+    for i in range(4):
+        _cid, rel = _rel()
+        make_v2(root, rel, Values(usage_ns=(i + 1) * 1_000_000_000))
+        rels.append(rel)
+    col = CgroupCollector(root)
+    seen = []
+
+    def check(now: float) -> None:
+        col.collect(now)
+        seen.append(col.open_descriptors)
+        assert col.open_descriptors == _fds_under(root), now
+
+    check(0.0)
+    assert col.open_descriptors >= 16
+    make_v2(root, rels[0], Values(usage_ns=9_000_000_000))  # a change: its full read re-reads kept files
+    check(1.0)
+    _cid, half = _rel()
+    make_v2(root, half, Values())
+    (root / half / "cpu.stat").unlink()  # its read opens the other files, then finds no CPU accounting: gone
+    check(2.0)
+    check(3.0)
+    import shutil
+
+    shutil.rmtree(root / rels[1])  # a container removed
+    check(4.0)
+    _cid, rel = _rel()
+    make_v2(root, rel, Values())  # and one added
+    check(5.0)
+    col.kept_open_limit = 6  # lowered: the last containers' files are closed
+    check(6.0)
+    assert 0 < col.open_descriptors <= 6
+    col.kept_open_limit = 1 << 16
+    check(7.0)
+    col.close()
+    assert _fds_under(root) == 0 and col.open_descriptors == 0
+    assert len(set(seen)) > 2  # the count moved through the changes (not one figure that happened to match)
+
+
 # -- pressure stall information --------------------------------------------------------------------
 def test_pressure_files_parse_some_and_full_totals_in_seconds():
     p = parse_pressure("some avg10=0.00 avg60=1.50 avg300=0.20 total=1234567\n"

@@ -686,7 +686,9 @@ class CgroupCollector(Collector):
 
     @property
     def open_descriptors(self) -> int:
-        return sum(len(t.files.fds) for t in self._tracked.values())
+        """Descriptors kept open, as counted where files are opened and closed (no sum over the containers:
+        :meth:`status` asks after every run)."""
+        return self._held
 
     def collect(self, now: float) -> list[Sample]:
         return self.collect_row(now).samples()
@@ -760,11 +762,11 @@ class CgroupCollector(Collector):
                 # (a file that is absent fails to open in the floor reader too)
                 log_reads += filter(None, t.rest if t.probe and len(probed) == len(t.probe) else t.paths)
             off = self._offsets[i]
+            self._held += len(t.files.fds) - held  # (before the gone check: the read may have opened files)
             if st is None:
                 values[off:off + len(t.keys)] = np.nan
                 gone.append(i)
                 continue
-            self._held += len(t.files.fds) - held
             if self._held > limit:
                 self._held -= len(t.files.fds)
                 t.files.close()  # beyond the descriptor limit: this one is opened and closed every cycle
