@@ -43,7 +43,7 @@ import os
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import repeat
 from operator import eq, is_
 from pathlib import Path
@@ -316,6 +316,7 @@ class _Row:
     first: np.ndarray  # per watch: Watch.first_read (NaN: None)
     seconds: np.ndarray  # Watch.watched_seconds
     gaps: np.ndarray  # Watch.gaps
+    unmon_at: int  # where the unmonitored containers' series start (the tail of the row: see with_unmonitored)
     tail_at: int  # where the node-level series start
     tail_keys: list[tuple[str, Mapping[str, str]]]
     unmonitored: dict[str, tuple[ContainerIdentity, str]]  # as laid out
@@ -349,6 +350,19 @@ class _Row:
             values[self.ms_slot] = np.round(self.seconds[self.ms_w], 3)
         values[self.tail_at:] = tail_values
         return Columns(self.keys, values.copy())
+
+    def with_unmonitored(self, keys: list[tuple[str, Mapping[str, str]]], values: list[float],
+                         tail_keys: list[tuple[str, Mapping[str, str]]],
+                         unmonitored: dict[str, tuple[ContainerIdentity, str]]) -> _Row:
+        """This row with its unmonitored containers' and node-level series (the end of the row) replaced by
+        ``keys`` and ``values``, which list the unmonitored series then ``tail_keys``: the groups' and watches'
+        part, and its arrays, stand (a reason that changed without a group changing hands, every few runs at
+        1,000 containers, costs no layout of every watch)."""
+        head = self.keys[:self.unmon_at]
+        return replace(self, keys=head + keys,
+                       values=np.concatenate((self.values[:self.unmon_at], np.array(values, dtype=np.float64))),
+                       tail_at=self.unmon_at + len(keys) - len(tail_keys), tail_keys=tail_keys,
+                       unmonitored=dict(unmonitored))
 
     def save(self) -> None:
         """Keep the estimates written into the watches (the next layout starts from them)."""
@@ -980,10 +994,14 @@ class RdtCollector(Collector):
         tail.append(Sample(M.RDT_MON_GROUPS.name, {}, float(len(self.groups))))
         tail.append(Sample(M.RDT_WRITE_ERRORS.name, {}, float(self.write_errors_total)))
         tail_keys = [self._key(smp.metric, smp.labels) for smp in tail]
-        if row is None or row.tail_keys != tail_keys or row.unmonitored != self.unmonitored:
+        if row is None:
             if self._row is not None:
                 self._row.save()  # the estimates exported so far, into the watches
             row = self._layout_row(tail_keys, len(idents))
+        elif row.tail_keys != tail_keys or row.unmonitored != self.unmonitored:
+            ukeys, uvalues = self._unmonitored_series(tail_keys, len(idents))
+            row = row.with_unmonitored(ukeys, uvalues, tail_keys, self.unmonitored)
+            row.keys = self._kept_keys(row.keys)
         self._row = row
         self._dirty = False
         return row.fill(now, [smp.value for smp in tail])
@@ -1105,6 +1123,33 @@ class RdtCollector(Collector):
             if w.first_read is None and cid in groups:
                 keys.append(w.key(M.CONTAINER_RDT_MONITORED.name, "reason", w.reason))
                 values.append(1.0)
+        unmon_at = len(keys)
+        ukeys, uvalues = self._unmonitored_series(tail_keys, n_idents)
+        keys += ukeys
+        values += uvalues
+        return _Row(self._kept_keys(keys), np.array(values, dtype=np.float64), list(groups), list(self.watches),
+                    watches, widx, occ_at, est_at, np.array(est_slot, dtype=np.int64), np.array(est_w, dtype=np.int64),
+                    np.array(obs, dtype=np.float64), np.array(exp, dtype=np.float64),
+                    np.array(ms_slot, dtype=np.int64), np.array(ms_w, dtype=np.int64),
+                    np.array([w.first_read if w.first_read is not None else math.nan for w in watches],
+                             dtype=np.float64),
+                    np.array([w.watched_seconds for w in watches], dtype=np.float64),
+                    np.array([w.gaps for w in watches], dtype=bool),
+                    unmon_at, unmon_at + len(self.unmonitored), tail_keys, dict(self.unmonitored))
+
+    def _kept_keys(self, keys: list[tuple[str, Mapping[str, str]]]) -> list[tuple[str, Mapping[str, str]]]:
+        """The last row's keys list when ``keys`` holds the same key tuples (compared by identity first: the
+        store's column plan for it stands), else ``keys``, kept as the last."""
+        if keys == self._row_keys:
+            return self._row_keys
+        self._row_keys = keys
+        return keys
+
+    def _unmonitored_series(self, tail_keys: list[tuple[str, Mapping[str, str]]],
+                            n_idents: int) -> tuple[list[tuple[str, Mapping[str, str]]], list[float]]:
+        """The end of the row: the unmonitored containers' rdt_monitored 0 series (their keys made once per
+        container and reason code), then the node-level series ``tail_keys``; their keys and placeholder values."""
+        keys: list[tuple[str, Mapping[str, str]]] = []
         unmon = self._unmonitored_keys
         if len(unmon) > 4 * max(64, n_idents):
             unmon.clear()  # containers gone: start again
@@ -1121,23 +1166,9 @@ class RdtCollector(Collector):
             if got is None or got[1] is not ident:
                 got = unmon[(cid, code)] = ((M.CONTAINER_RDT_MONITORED.name, {**ident.labels(), "reason": code}), ident)
             keys.append(got[0])
-            values.append(0.0)
-        tail_at = len(keys)
+        values = [0.0] * len(keys) + [math.nan] * len(tail_keys)
         keys += tail_keys
-        values += [math.nan] * len(tail_keys)
-        if keys == self._row_keys:  # the same key tuples, compared by identity first: the store's plan stands
-            keys = self._row_keys
-        else:
-            self._row_keys = keys
-        return _Row(keys, np.array(values, dtype=np.float64), list(groups), list(self.watches), watches, widx,
-                    occ_at, est_at, np.array(est_slot, dtype=np.int64), np.array(est_w, dtype=np.int64),
-                    np.array(obs, dtype=np.float64), np.array(exp, dtype=np.float64),
-                    np.array(ms_slot, dtype=np.int64), np.array(ms_w, dtype=np.int64),
-                    np.array([w.first_read if w.first_read is not None else math.nan for w in watches],
-                             dtype=np.float64),
-                    np.array([w.watched_seconds for w in watches], dtype=np.float64),
-                    np.array([w.gaps for w in watches], dtype=bool),
-                    tail_at, tail_keys, dict(self.unmonitored))
+        return keys, values
 
     # -- the RMID budget -----------------------------------------------------------------------------
     def rmids_used_by_others(self) -> int:
