@@ -17,6 +17,7 @@ from cri_resmgr.collectors.cgroup import CgroupCollector
 from cri_resmgr.collectors.rdt import (
     GROUP_PREFIX,
     IDLE_REASON,
+    MBM_IDLE_REFRESHES,
     STATIC_REFRESH_SECONDS,
     Counter,
     RdtCollector,
@@ -523,19 +524,23 @@ def test_rows_keep_their_keys_list_between_rotation_slices_and_store_like_sample
 
 
 def test_counters_of_containers_that_did_not_run_are_read_only_at_the_idle_refresh(emulator, node):
-    """A container whose CPU usage stands still has its MBM counters read only every refresh_runs runs (the
-    bytes counted meanwhile are all there at the next read); one whose usage moves is read every run."""
+    """A container whose CPU usage stands still has its occupancy read only every refresh_runs runs and its MBM
+    counters only every MBM_IDLE_REFRESHES-th of those refreshes (the bytes counted meanwhile are all there at
+    the next read); one whose usage moves is read every run. Which files a run read is taken from the
+    collector's read log (the list the benchmark's C floor reader replays)."""
     emu = emulator(domains=(0,))
     busy, (tb,) = node.add(n_threads=1)
     idle, (ti,) = node.add(n_threads=1)
     emu.set_task(tb, mbm_total={0: 1e8}, occupancy={0: 1 << 20})
     emu.set_task(ti, mbm_total={0: 3e8}, occupancy={0: 2 << 20})  # traffic without CPU: shows when it is read
     col = _collector(emu, node, idle_refresh_seconds=8.0, interval_seconds=2.0)
-    assert col.refresh_runs == 4
+    col.read_log = []
+    assert col.refresh_runs == 4 and MBM_IDLE_REFRESHES == 4
     total = M.CONTAINER_MEMORY_BANDWIDTH.name
     seen: dict[str, list[float]] = {busy: [], idle: []}
     idle_groups = []
-    for t in range(13):
+    runs = 40
+    for t in range(runs):
         (node.root / node.rel[busy] / "cpu.stat").write_text(f"usage_usec {(t + 1) * 10**6}\n")
         s = col.collect(float(t))
         for cid in seen:
@@ -545,12 +550,20 @@ def test_counters_of_containers_that_did_not_run_are_read_only_at_the_idle_refre
         emu.advance(1.0)
     assert idle_groups[0] == 0 and set(idle_groups[1:]) == {0, 1}
     assert all(b > a for a, b in zip(seen[busy][1:], seen[busy][2:], strict=False)), "read every run"
-    steps = [i for i in range(1, 13) if seen[idle][i] != seen[idle][i - 1]]
-    assert steps and all(b - a <= col.refresh_runs for a, b in zip([0, *steps], steps, strict=False)), steps
-    assert len(steps) < 12, "not read every run"
+    base = str(col.groups[idle].path)
+    occ_runs = [t for t, files in enumerate(col.read_log) if f"{base}/mon_data/mon_L3_00/llc_occupancy" in files]
+    mbm_runs = [t for t, files in enumerate(col.read_log) if f"{base}/mon_data/mon_L3_00/mbm_total_bytes" in files]
+    every = col.refresh_runs
+    assert occ_runs[0] == 0 and all(b - a <= every for a, b in zip(occ_runs, occ_runs[1:], strict=False)), occ_runs
+    assert len(occ_runs) < runs / 2, "occupancy not read every run"
+    assert set(mbm_runs) < set(occ_runs) and len(mbm_runs) >= 3, "MBM only at some of the refreshes"
+    assert all(b - a <= every * MBM_IDLE_REFRESHES for a, b in zip(mbm_runs, mbm_runs[1:], strict=False)), mbm_runs
+    assert len(occ_runs) >= 2 * len(mbm_runs), "the refreshes in between read occupancy alone"
+    steps = [i for i in range(1, runs) if seen[idle][i] != seen[idle][i - 1]]
+    assert steps and set(steps) <= set(mbm_runs), (steps, mbm_runs)
     # what the idle one's counter said at its last read is all its traffic up to then: nothing lost
     assert seen[idle][steps[-1]] == pytest.approx(3e8 * steps[-1], rel=0.01)
-    assert _one(s, M.CONTAINER_RDT_MONITORED_SECONDS.name, container_id=idle) == 12.0
+    assert _one(s, M.CONTAINER_RDT_MONITORED_SECONDS.name, container_id=idle) == float(runs - 1)
 
 
 def test_resctrl_directories_are_listed_only_on_change_and_a_group_removed_behind_our_back_comes_back(

@@ -79,6 +79,14 @@ TASKS_VERIFY_SECONDS = 60.0
 # info/ files, the L3 domains, the cgroup layout, the CTRL_MON groups, which of our MON groups still exist) is
 # looked at again this often, and at once when a kept-open counter file of ours reports its group gone.
 STATIC_REFRESH_SECONDS = 30.0
+# The idle refresh of a container whose CPU usage stood still since its counters were read (every refresh_runs
+# runs) reads its llc_occupancy files, which can drop while it sleeps (others evict its lines), and its MBM
+# counters only every this many refreshes: MBM counts only while the RMID is loaded on a CPU, i.e. while a task of
+# the group runs (resctrl.rst, "RMID"; resctrl_sched_in at context switch), so they stand; the MBM read now and
+# then bounds how long bytes attributed otherwise would wait (none is lost: the next read's delta counts them).
+# On resctrl each counter read is an IPI to a CPU of the domain: at 1,000 containers this cuts the counter reads
+# of a run about in half.
+MBM_IDLE_REFRESHES = 4
 # Unmonitored for now because its CPU usage stood still since it was watched or first seen: nothing to count
 # (MBM counts only while its tasks run); it goes first in the rotation once it runs.
 IDLE_REASON = "idle: did not run since watched or first seen"
@@ -189,10 +197,19 @@ class MonGroup:
     threads_path: str = ""  # its thread list, likewise
     reads: list[tuple[str, int, str]] | None = None  # (file, cache id, path) read every cycle
     read_fds: list[int] | None = None  # their descriptors, once all are open
+    still_refreshes: int = 0  # idle refreshes in a row that read its occupancy alone (see MBM_IDLE_REFRESHES)
 
     @property
     def ctrl(self) -> Path:
         return self.path.parent.parent
+
+    def occupancy_reads(self) -> tuple[list[tuple[str, int, str]], list[int] | None]:
+        """Its occupancy files alone, as (reads, their kept descriptors or None): what the idle refresh of a
+        container that did not run reads (its MBM counters stand, see RdtCollector._collect)."""
+        reads = self.reads or []
+        at = [j for j, r in enumerate(reads) if r[0] == OCCUPANCY_FILE]
+        fds = self.read_fds
+        return [reads[j] for j in at], None if fds is None else [fds[j] for j in at]
 
 
 @dataclass
@@ -716,26 +733,29 @@ class RdtCollector(Collector):
         self.readings[v.status] = self.readings.get(v.status, 0) + 1
         return v
 
-    def _read_counters(self, groups: list[MonGroup]) -> list[list[bytes | None]]:
-        """The text of each group's counter files (``MonGroup.reads``), None where unreadable. The files are
+    def _read_counters(self, due: list[tuple[MonGroup, bool]]
+                       ) -> list[tuple[list[tuple[str, int, str]], list[bytes | None]]]:
+        """Each group's counter files (``MonGroup.reads``; only its occupancy files where ``due`` says True,
+        :meth:`MonGroup.occupancy_reads`), as (the reads, their texts, None where unreadable). The files are
         kept open, and once all of a group's are, they are read for every group in one C-level loop: on
         resctrl each read is an IPI to a CPU of the domain (mon_event_read), on the test emulator a round trip
         to its FUSE server; nothing in between."""
+        parts = [g.occupancy_reads() if occupancy_only else (g.reads or [], g.read_fds)
+                 for g, occupancy_only in due]
         fds: list[int] = []
-        for g in groups:
-            if g.read_fds is not None:
-                fds += g.read_fds
+        for _, kept in parts:
+            if kept is not None:
+                fds += kept
         got: list[bytes | None] = []
         if fds:
             try:
                 got = list(map(os.pread, fds, repeat(COUNTER_READ_SIZE, len(fds)), repeat(0, len(fds))))
             except OSError:  # a group removed behind our back (ENODEV): read one by one
                 got = [_pread_or_none(fd, COUNTER_READ_SIZE) for fd in fds]
-        out: list[list[bytes | None]] = []
+        out: list[tuple[list[tuple[str, int, str]], list[bytes | None]]] = []
         k = 0
-        for g in groups:
-            reads = g.reads or []
-            if g.read_fds is not None:
+        for (g, _), (reads, kept) in zip(due, parts, strict=True):
+            if kept is not None:
                 texts = got[k:k + len(reads)]
                 k += len(reads)
                 for j, b in enumerate(texts):
@@ -743,10 +763,11 @@ class RdtCollector(Collector):
                         texts[j] = _read_or_none(g.files, reads[j][2])
             else:
                 texts = [_read_or_none(g.files, path) for _, _, path in reads]
-                kept = [g.files.fds.get(path) for _, _, path in reads]
-                if all(fd is not None for fd in kept):
-                    g.read_fds = kept  # type: ignore[assignment]
-            out.append(texts)
+                if reads is g.reads:
+                    opened = [g.files.fds.get(path) for _, _, path in reads]
+                    if all(fd is not None for fd in opened):
+                        g.read_fds = opened  # type: ignore[assignment]
+            out.append((reads, texts))
         return out
 
     def collect(self, now: float) -> list[Sample]:
@@ -901,7 +922,8 @@ class RdtCollector(Collector):
             if None in got or any(map(eq, map(len, got), sizes)):  # type: ignore[arg-type]
                 got = None  # unreadable, or as long as asked (it may have grown): each read on its own
         self._probe = None if got is None else probe
-        due: list[tuple[str, MonGroup, Watch]] = []  # the groups whose counters this run reads
+        # the groups whose counters this run reads (and whether only their occupancy: an idle refresh)
+        due: list[tuple[str, MonGroup, Watch, bool]] = []
         for n, (cid, g) in enumerate(self.groups.items()):
             w = self.watches.get(cid) or self.watches.setdefault(cid, Watch(g.ident))
             if got is not None:
@@ -919,10 +941,17 @@ class RdtCollector(Collector):
                 self.idle_groups += 1
             else:
                 first = g.usage is None
-                # The idle refresh of a container that still did not run (occupancy is read again, above): its
-                # thread list is not read, nor the group's tasks re-checked. A thread that joined it and has not
+                # The idle refresh of a container that still did not run reads its occupancy files alone (the
+                # MBM counters stand, above), and every MBM_IDLE_REFRESHES-th time its MBM counters too. Its
+                # thread list is not read, nor the group's tasks re-checked: a thread that joined it and has not
                 # run makes no traffic yet; when it runs, the usage moves and the next run syncs it.
                 still = usage is not None and usage == g.usage and w.last_read is not None
+                if still:
+                    g.still_refreshes += 1
+                    if g.still_refreshes >= MBM_IDLE_REFRESHES:
+                        still, g.still_refreshes = False, 0  # the MBM counters too, now and then (see the constant)
+                else:
+                    g.still_refreshes = 0
                 g.usage, g.read_at = usage, now
                 g.idle_runs = n % every if first else 0  # groups made together refresh in turn
                 if not still:
@@ -931,10 +960,10 @@ class RdtCollector(Collector):
                     base = str(g.path)
                     g.reads = [(f, c, f"{base}/mon_data/mon_L3_{c:02d}/{f}") for c in domain_ids for f in files]
                 if log_reads is not None:
-                    log_reads += [p for _, _, p in g.reads]
+                    log_reads += [p for f, _, p in g.reads if not still or f == OCCUPANCY_FILE]
                     if not still:
                         log_reads.append(self._threads_path(layout, g))
-                due.append((cid, g, w))
+                due.append((cid, g, w, still))
             # Watched time runs whether or not the counters were read: the group counted all along.
             if w.first_read is None:
                 w.first_read = now
@@ -954,12 +983,12 @@ class RdtCollector(Collector):
         if node is None:  # (made again by _look when the files change)
             node = self._node_group = MonGroup(ContainerIdentity("", "", "", "", ""), self.root, files=self._node_files,
                                                reads=[(f, c, path) for _, f, c, path in self._node_reads])
-        counters = self._read_counters([*(g for _, g, _ in due), node])
-        node_texts = counters.pop()
-        for (cid, g, w), texts in zip(due, counters, strict=True):
+        counters = self._read_counters([*((g, still) for _, g, _, still in due), (node, False)])
+        node_texts = counters.pop()[1]
+        for (cid, g, w, _still), (reads, texts) in zip(due, counters, strict=True):
             occupancy = []
             n_observed = len(w.observed)
-            for (fname, cache_id, _path), text in zip(g.reads or (), texts, strict=True):
+            for (fname, cache_id, _path), text in zip(reads, texts, strict=True):
                 v = self._mon_value(text)
                 if v.value is None:
                     continue
