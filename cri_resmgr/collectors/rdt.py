@@ -946,12 +946,8 @@ class RdtCollector(Collector):
                 # thread list is not read, nor the group's tasks re-checked: a thread that joined it and has not
                 # run makes no traffic yet; when it runs, the usage moves and the next run syncs it.
                 still = usage is not None and usage == g.usage and w.last_read is not None
-                if still:
-                    g.still_refreshes += 1
-                    if g.still_refreshes >= MBM_IDLE_REFRESHES:
-                        still, g.still_refreshes = False, 0  # the MBM counters too, now and then (see the constant)
-                else:
-                    g.still_refreshes = 0
+                occupancy_only = still and g.still_refreshes + 1 < MBM_IDLE_REFRESHES  # (see the constant)
+                g.still_refreshes = g.still_refreshes + 1 if occupancy_only else 0
                 g.usage, g.read_at = usage, now
                 g.idle_runs = n % every if first else 0  # groups made together refresh in turn
                 if not still:
@@ -960,10 +956,10 @@ class RdtCollector(Collector):
                     base = str(g.path)
                     g.reads = [(f, c, f"{base}/mon_data/mon_L3_{c:02d}/{f}") for c in domain_ids for f in files]
                 if log_reads is not None:
-                    log_reads += [p for f, _, p in g.reads if not still or f == OCCUPANCY_FILE]
+                    log_reads += [p for f, _, p in g.reads if not occupancy_only or f == OCCUPANCY_FILE]
                     if not still:
                         log_reads.append(self._threads_path(layout, g))
-                due.append((cid, g, w, still))
+                due.append((cid, g, w, occupancy_only))
             # Watched time runs whether or not the counters were read: the group counted all along.
             if w.first_read is None:
                 w.first_read = now
@@ -983,9 +979,9 @@ class RdtCollector(Collector):
         if node is None:  # (made again by _look when the files change)
             node = self._node_group = MonGroup(ContainerIdentity("", "", "", "", ""), self.root, files=self._node_files,
                                                reads=[(f, c, path) for _, f, c, path in self._node_reads])
-        counters = self._read_counters([*((g, still) for _, g, _, still in due), (node, False)])
+        counters = self._read_counters([*((g, occupancy_only) for _, g, _, occupancy_only in due), (node, False)])
         node_texts = counters.pop()[1]
-        for (cid, g, w, _still), (reads, texts) in zip(due, counters, strict=True):
+        for (cid, g, w, _), (reads, texts) in zip(due, counters, strict=True):
             occupancy = []
             n_observed = len(w.observed)
             for (fname, cache_id, _path), text in zip(reads, texts, strict=True):
