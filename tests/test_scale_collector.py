@@ -115,6 +115,14 @@ def test_files_are_kept_open_and_reread_and_closed_with_their_container(tmp_path
     col.close()
 
 
+def _containers(root: Path, n: int) -> list[tuple[str, str]]:
+    """``n`` v2 fixture containers under ``root``, the i-th having used i + 1 CPU seconds: (id, relative path)."""
+    out = [_rel() for _ in range(n)]
+    for i, (_cid, rel) in enumerate(out):
+        make_v2(root, rel, Values(usage_ns=(i + 1) * 1_000_000_000))
+    return out
+
+
 def _fds_under(root: Path) -> int:
     """Descriptors this process holds on files under ``root``, as the kernel lists them (/proc/self/fd)."""
     n = 0
@@ -132,11 +140,7 @@ def test_the_kept_open_count_is_what_the_kernel_shows_through_churn_gone_reads_a
     it gone after opening some of its files was the case that drifted (counted low, so the limit and
     the shedding went by a wrong figure)."""
     root = tmp_path / "cgroup"
-    rels = []
-    for i in range(4):
-        _cid, rel = _rel()
-        make_v2(root, rel, Values(usage_ns=(i + 1) * 1_000_000_000))
-        rels.append(rel)
+    rels = [rel for _cid, rel in _containers(root, 4)]
     col = CgroupCollector(root)
     seen = []
 
@@ -297,11 +301,7 @@ def test_without_rules_samples_pass_untouched():
 
 
 def test_past_the_descriptor_limit_files_are_opened_per_read_and_values_stay_right(tmp_path: Path):
-    ids = []
-    for i in range(3):
-        cid, rel = _rel()
-        make_v2(tmp_path, rel, Values(usage_ns=(i + 1) * 1_000_000_000))
-        ids.append(cid)
+    _containers(tmp_path, 3)
     col = CgroupCollector(tmp_path)
     col.collect(0.0)  # computes the limit from RLIMIT_NOFILE
     col.kept_open_limit = 5  # room for one container's files only
