@@ -7,17 +7,29 @@ The sign-test interval for a median (Conover, *Practical Nonparametric Statistic
 interval [x(k), x(n + 1 - k)] covers the median with probability 1 - 2 P(B <= k - 1), B ~ Binomial(n, 1/2). k is the
 largest for which that is at least the confidence asked for. Pure functions: tested in
 ``tests/test_bench_paired.py`` against hand-computed binomial tails.
+
+Run as a program, it pools the pod lifecycles of several ``bench/relay_bench.py --save FILE`` runs: within each
+run a target's i-th lifecycle is paired with direct's i-th (as the bench pairs them), and the ratios of all runs
+make one sample per target, so that runs of the same code narrow one interval instead of giving several wide ones:
+
+    .venv/bin/python bench/paired.py RUN.json [RUN.json ...]
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import math
 import random
 import statistics
-from collections.abc import Sequence
-from typing import NamedTuple
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, NamedTuple
 
 from cri_resmgr.rebalancer.calibrate import sign_test_rank  # the rank median_interval uses: one definition
+
+LIFECYCLES_FORMAT = 1  # bench/relay_bench.py --save: {"format", "commit", "time", "block", "lifecycles"}
 
 
 class Interval(NamedTuple):
@@ -55,3 +67,75 @@ def bootstrap_interval(xs: Sequence[float], confidence: float = 0.95, resamples:
     lo = int(math.floor((1.0 - confidence) / 2 * resamples))
     hi = min(resamples - 1, int(math.ceil((1.0 + confidence) / 2 * resamples)) - 1)
     return Interval(meds[lo], meds[hi], confidence)
+
+
+class RunError(ValueError):
+    """A saved run that cannot be pooled: the message names the file and what is wrong with it."""
+
+
+def run_ratios(doc: Any, name: str) -> dict[str, list[float]]:
+    """One saved run's paired ratios, target / direct - 1 of whole lifecycles (the sum of a lifecycle's calls),
+    per target other than direct, in the order run."""
+    if not isinstance(doc, Mapping) or doc.get("format") != LIFECYCLES_FORMAT:
+        raise RunError(f"{name}: not a relay_bench.py --save file of format {LIFECYCLES_FORMAT}")
+    per = doc.get("lifecycles")
+    if not isinstance(per, Mapping) or "direct" not in per:
+        raise RunError(f"{name}: no direct lifecycles to pair with")
+    totals: dict[str, list[float]] = {}
+    for target, runs in per.items():
+        if not isinstance(runs, list) or not all(
+                isinstance(t, Mapping) and t and all(isinstance(v, (int, float)) and v > 0 for v in t.values())
+                for t in runs):
+            raise RunError(f"{name}: target {target!r}: lifecycles must be a list of call -> seconds (> 0)")
+        totals[str(target)] = [float(sum(t.values())) for t in runs]
+    direct = totals.pop("direct")
+    out: dict[str, list[float]] = {}
+    for target, xs in totals.items():
+        if len(xs) != len(direct):
+            raise RunError(f"{name}: target {target!r} has {len(xs)} lifecycles, direct {len(direct)}")
+        out[target] = [a / b - 1 for a, b in zip(xs, direct, strict=True)]
+    return out
+
+
+def pool(runs: Sequence[Mapping[str, list[float]]]) -> dict[str, list[float]]:
+    """The runs' ratios, target by target (each run's pairs stay within their run); a target missing from a run
+    is pooled over the runs that have it."""
+    out: dict[str, list[float]] = {}
+    for r in runs:
+        for target, xs in r.items():
+            out.setdefault(target, []).extend(xs)
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="Pool the paired pod lifecycles of relay_bench.py --save runs: "
+                                             "median of target / direct - 1 with its 95 % intervals.")
+    ap.add_argument("runs", nargs="+", type=Path, metavar="RUN.json")
+    args = ap.parse_args(argv)
+    runs = []
+    for path in args.runs:
+        try:
+            doc = json.loads(path.read_text())
+            runs.append(run_ratios(doc, str(path)))
+        except (OSError, UnicodeDecodeError) as e:
+            print(f"paired: {path}: {e.strerror if isinstance(e, OSError) else e}", file=sys.stderr)
+            return 2
+        except json.JSONDecodeError as e:
+            print(f"paired: {path}: not JSON ({e.msg}, line {e.lineno})", file=sys.stderr)
+            return 2
+        except RunError as e:
+            print(f"paired: {e}", file=sys.stderr)
+            return 2
+        print(f"{path}: commit {doc.get('commit') or '?'}, {doc.get('time') or '?'}, "
+              + ", ".join(f"{k} {100 * statistics.median(v):+.2f} % (n={len(v)})" for k, v in runs[-1].items()))
+    print(f"pooled over {len(runs)} runs: median of target / direct - 1, 95 % interval (sign test; bootstrap)")
+    for target, ratios in pool(runs).items():
+        st, bs = sign_test_interval(ratios), bootstrap_interval(ratios)
+        sign = "n/a" if st is None else f"[{100 * st.low:+.2f}, {100 * st.high:+.2f}] ({100 * st.coverage:.1f} %)"
+        print(f"  {target:7s} {100 * statistics.median(ratios):+.2f} %  sign test {sign}; "
+              f"bootstrap [{100 * bs.low:+.2f}, {100 * bs.high:+.2f}]  (n={len(ratios)})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -23,6 +23,10 @@ Needs root, containerd, runc and busybox-static (``make test`` installs them).
 
     .venv/bin/python bench/relay_bench.py [--calls 2000] [--lifecycles 30] [--block 1] [--phases 1,2,3,4]
         [--cache-containers 500] [--creates 30] [--settle-ms 150] [--relay-src DIR] [--no-naive] [--sched-trace]
+        [--save FILE]
+
+``--save FILE`` writes phase 3's lifecycles to FILE; ``bench/paired.py FILE...`` pools several runs' pairs
+(each lifecycle paired with direct's in its own run) into one median and interval per target.
 
 ``--relay-src DIR`` (repeatable) adds, in phases 1 and 2, a relay run from another source tree (e.g.
 ``git archive 635e824 | tar -x -C /tmp/relay-old``) as target "alt1" ("alt2", ...), in front of the same
@@ -37,6 +41,7 @@ a CPU inside them, and which processes held those CPUs meanwhile.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
@@ -50,7 +55,7 @@ import _util  # noqa: F401  (puts the repo on sys.path)
 import grpc
 from cri_api.v1 import api_pb2 as pb
 from cri_api.v1 import api_pb2_grpc as pbg
-from paired import bootstrap_interval, sign_test_interval
+from paired import LIFECYCLES_FORMAT, bootstrap_interval, sign_test_interval
 from sched_trace import SchedTrace
 
 from tests.integration.containerd import Containerd, missing_prerequisites
@@ -254,6 +259,21 @@ def lifecycles(kubes: dict[str, Kubelet], n: int, block: int = 1) -> dict[str, l
     return per
 
 
+def save_lifecycles(path: Path, per: dict[str, list[dict[str, float]]], block: int) -> None:
+    """Phase 3's lifecycles as bench/paired.py reads them: each target's, in the order run (the i-th of a target
+    is paired with direct's i-th), each a dict of call -> seconds; written whole or not at all."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).resolve().parent,
+                              capture_output=True, text=True, check=False, timeout=10).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):  # no git, or not a checkout: the run is saved without it
+        head = ""
+    doc = {"format": LIFECYCLES_FORMAT, "commit": head, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+           "block": block, "lifecycles": per}
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(doc))
+    os.replace(tmp, path)
+
+
 # Inside the relay, per lifecycle call (its Timings: every held or observed call), ms: from the read that brought
 # the request to its last bytes handed to the runtime ("in"); from the runtime's response HEADERS to the answer's
 # end handed to the client ("out": includes waiting for the runtime's trailers); the completion after it.
@@ -379,6 +399,9 @@ def main() -> int:
     ap.add_argument("--relay-src", type=Path, action="append", default=[],
                     help="phases 1-3: also a relay run from this source tree (targets alt1, alt2, ...), interleaved")
     ap.add_argument("--no-naive", action="store_true", help="phases 1-2: leave out the naive grpcio relay")
+    ap.add_argument("--save", type=Path, metavar="FILE",
+                    help="phase 3: write each target's lifecycles (per call, in order) to FILE as JSON, so that "
+                         "runs can be pooled (bench/paired.py FILE...)")
     ap.add_argument("--sched-trace", action="store_true",
                     help="phase 2: record the scheduler's events (perf sched) during the Version calls and show, for "
                          "the calls slower than direct's p99, who waited for a CPU and who held it")
@@ -464,7 +487,10 @@ def main() -> int:
             relays = {"relay": relay, **{f"alt{i}": a for i, a in enumerate(alts, 1)}}
             cpu0 = {k: cpu_seconds(r.proc.pid) for k, r in relays.items()}
             io0 = {k: syscalls(r.proc.pid) for k, r in relays.items()}
-            lifecycles({"direct": kd, "relay": kr, "direct2": kd2, **alt_kubes}, args.lifecycles, args.block)
+            per = lifecycles({"direct": kd, "relay": kr, "direct2": kd2, **alt_kubes}, args.lifecycles, args.block)
+            if args.save is not None:
+                save_lifecycles(args.save, per, args.block)
+                print(f"    lifecycles saved to {args.save} (pool runs: .venv/bin/python bench/paired.py FILE...)")
             print("    per lifecycle, each relay (all its threads, background work included): CPU (user + system); "
                   "read and write system calls (7 calls need at least 14 of each)")
             for k, r in relays.items():

@@ -3,6 +3,7 @@ computed by hand."""
 
 from __future__ import annotations
 
+import statistics
 import sys
 from pathlib import Path
 
@@ -10,6 +11,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 
+import json
+
+import paired
 from paired import binomial_half_cdf, bootstrap_interval, sign_test_interval, sign_test_rank
 
 
@@ -61,3 +65,57 @@ def test_bootstrap_interval_brackets_the_median_and_repeats_with_its_seed():
     assert bootstrap_interval([3.0] * 7, resamples=50)[:2] == (3.0, 3.0)
     with pytest.raises(ValueError):
         bootstrap_interval([])
+
+
+def _lifecycle(total: float) -> dict[str, float]:
+    # a lifecycle as relay_bench.py records it: seconds per call; its total is what is paired
+    return {"RunPodSandbox": total * 0.4, "CreateContainer": total * 0.1, "StartContainer": total * 0.5}
+
+
+def _saved(path: Path, direct: list[float], **targets: list[float]) -> Path:
+    from relay_bench import save_lifecycles  # the bench's own writer: the round trip is what is checked
+
+    per = {"direct": [_lifecycle(t) for t in direct], **{k: [_lifecycle(t) for t in v] for k, v in targets.items()}}
+    save_lifecycles(path, per, block=3)
+    return path
+
+
+def test_runs_pool_with_each_lifecycle_paired_within_its_own_run(tmp_path, capsys):
+    # run a: lifecycles ~0.1 s, the relay +1 %; run b: ~0.2 s, the relay +3 %. Paired within each run the ratios
+    # are exactly those; paired across the runs (or unpaired) they would be ~-50 % or ~+100 %
+    a = _saved(tmp_path / "a.json", [0.1 + 0.001 * i for i in range(21)],
+               relay=[(0.1 + 0.001 * i) * 1.01 for i in range(21)], direct2=[0.1 + 0.001 * i for i in range(21)])
+    b = _saved(tmp_path / "b.json", [0.2 + 0.001 * i for i in range(11)],
+               relay=[(0.2 + 0.001 * i) * 1.03 for i in range(11)])
+    runs = [paired.run_ratios(json.loads(p.read_text()), str(p)) for p in (a, b)]
+    pooled = paired.pool(runs)
+    assert len(pooled["relay"]) == 32 and len(pooled["direct2"]) == 21
+    assert min(pooled["relay"]) == pytest.approx(0.01) and max(pooled["relay"]) == pytest.approx(0.03)
+    assert statistics.median(pooled["relay"]) == pytest.approx(0.01)  # 21 of the 32 pairs are run a's
+    assert paired.main([str(a), str(b)]) == 0
+    out = capsys.readouterr().out
+    assert "pooled over 2 runs" in out
+    assert "relay   +1.00 %" in out and "(n=32)" in out
+    assert "direct2 +0.00 %" in out and "(n=21)" in out
+
+
+@pytest.mark.parametrize(("content", "named"), [
+    (None, "No such file"),
+    ("{not json", "not JSON"),
+    (json.dumps({"format": 99, "lifecycles": {}}), "not a relay_bench.py --save file"),
+    (json.dumps({"format": paired.LIFECYCLES_FORMAT, "lifecycles": {"relay": []}}), "no direct lifecycles"),
+    (json.dumps({"format": paired.LIFECYCLES_FORMAT,
+                 "lifecycles": {"direct": [{"a": 0.1}], "relay": [{"a": 0.1}, {"a": 0.2}]}}),
+     "target 'relay' has 2 lifecycles, direct 1"),
+    (json.dumps({"format": paired.LIFECYCLES_FORMAT, "lifecycles": {"direct": [{"a": -1}], "relay": [{"a": 1}]}}),
+     "target 'direct': lifecycles must be"),
+    (json.dumps({"format": paired.LIFECYCLES_FORMAT, "lifecycles": {"direct": [{"a": "x"}], "relay": [{}]}}),
+     "lifecycles must be"),
+])
+def test_a_run_that_cannot_be_pooled_exits_2_naming_the_file_and_the_problem(tmp_path, capsys, content, named):
+    path = tmp_path / "run.json"
+    if content is not None:
+        path.write_text(content)
+    assert paired.main([str(path)]) == 2
+    err = capsys.readouterr().err
+    assert str(path) in err and named in err
