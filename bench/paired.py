@@ -73,14 +73,16 @@ class RunError(ValueError):
     """A saved run that cannot be pooled: the message names the file and what is wrong with it."""
 
 
-def run_ratios(doc: Any, name: str) -> dict[str, list[float]]:
-    """One saved run's paired ratios, target / direct - 1 of whole lifecycles (the sum of a lifecycle's calls),
-    per target other than direct, in the order run."""
+def run_ratios(doc: Any, name: str, baseline: str = "direct") -> dict[str, list[float]]:
+    """One saved run's paired ratios, target / baseline - 1 of whole lifecycles (the sum of a lifecycle's calls),
+    per target other than the baseline, in the order run. A baseline other than direct (``--baseline alt2``)
+    compares two relay trees that ran in the same kind of slot, each lifecycle with the other's of the same round
+    and place in the block."""
     if not isinstance(doc, Mapping) or doc.get("format") != LIFECYCLES_FORMAT:
         raise RunError(f"{name}: not a relay_bench.py --save file of format {LIFECYCLES_FORMAT}")
     per = doc.get("lifecycles")
-    if not isinstance(per, Mapping) or "direct" not in per:
-        raise RunError(f"{name}: no direct lifecycles to pair with")
+    if not isinstance(per, Mapping) or baseline not in per:
+        raise RunError(f"{name}: no {baseline} lifecycles to pair with")
     totals: dict[str, list[float]] = {}
     for target, runs in per.items():
         if not isinstance(runs, list) or not all(
@@ -88,12 +90,12 @@ def run_ratios(doc: Any, name: str) -> dict[str, list[float]]:
                 for t in runs):
             raise RunError(f"{name}: target {target!r}: lifecycles must be a list of call -> seconds (> 0)")
         totals[str(target)] = [float(sum(t.values())) for t in runs]
-    direct = totals.pop("direct")
+    base = totals.pop(baseline)
     out: dict[str, list[float]] = {}
     for target, xs in totals.items():
-        if len(xs) != len(direct):
-            raise RunError(f"{name}: target {target!r} has {len(xs)} lifecycles, direct {len(direct)}")
-        out[target] = [a / b - 1 for a, b in zip(xs, direct, strict=True)]
+        if len(xs) != len(base):
+            raise RunError(f"{name}: target {target!r} has {len(xs)} lifecycles, {baseline} {len(base)}")
+        out[target] = [a / b - 1 for a, b in zip(xs, base, strict=True)]
     return out
 
 
@@ -109,14 +111,17 @@ def pool(runs: Sequence[Mapping[str, list[float]]]) -> dict[str, list[float]]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="Pool the paired pod lifecycles of relay_bench.py --save runs: "
-                                             "median of target / direct - 1 with its 95 % intervals.")
+                                             "median of target / direct - 1 (or --baseline) with its 95 % intervals.")
     ap.add_argument("runs", nargs="+", type=Path, metavar="RUN.json")
+    ap.add_argument("--baseline", default="direct", metavar="TARGET",
+                    help="pair each target with this one instead of direct (e.g. alt2: two relay trees that "
+                         "ran in the same kind of slot)")
     args = ap.parse_args(argv)
     runs = []
     for path in args.runs:
         try:
             doc = json.loads(path.read_text())
-            runs.append(run_ratios(doc, str(path)))
+            runs.append(run_ratios(doc, str(path), args.baseline))
         except (OSError, UnicodeDecodeError) as e:
             print(f"paired: {path}: {e.strerror if isinstance(e, OSError) else e}", file=sys.stderr)
             return 2
@@ -128,7 +133,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         print(f"{path}: commit {doc.get('commit') or '?'}, {doc.get('time') or '?'}, "
               + ", ".join(f"{k} {100 * statistics.median(v):+.2f} % (n={len(v)})" for k, v in runs[-1].items()))
-    print(f"pooled over {len(runs)} runs: median of target / direct - 1, 95 % interval (sign test; bootstrap)")
+    print(f"pooled over {len(runs)} runs: median of target / {args.baseline} - 1, 95 % interval "
+          "(sign test; bootstrap)")
     for target, ratios in pool(runs).items():
         st, bs = sign_test_interval(ratios), bootstrap_interval(ratios)
         sign = "n/a" if st is None else f"[{100 * st.low:+.2f}, {100 * st.high:+.2f}] ({100 * st.coverage:.1f} %)"

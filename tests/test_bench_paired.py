@@ -99,6 +99,21 @@ def test_runs_pool_with_each_lifecycle_paired_within_its_own_run(tmp_path, capsy
     assert "direct2 +0.00 %" in out and "(n=21)" in out
 
 
+def test_a_baseline_other_than_direct_pairs_two_targets_of_the_same_round(tmp_path, capsys):
+    # alt1 is 2 % slower than alt2 in every pair; against direct both move with direct's spread
+    direct = [0.1 + 0.003 * (i % 5) for i in range(15)]
+    alt2 = [0.12 + 0.001 * i for i in range(15)]
+    a = _saved(tmp_path / "a.json", direct, alt1=[t * 1.02 for t in alt2], alt2=alt2)
+    runs = paired.run_ratios(json.loads(a.read_text()), str(a), baseline="alt2")
+    assert set(runs) == {"direct", "alt1"}
+    assert runs["alt1"] == pytest.approx([0.02] * 15)
+    assert paired.main([str(a), "--baseline", "alt2"]) == 0
+    out = capsys.readouterr().out
+    assert "target / alt2 - 1" in out and "alt1    +2.00 %" in out
+    assert paired.main([str(a), "--baseline", "alt3"]) == 2
+    assert "no alt3 lifecycles to pair with" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(("content", "named"), [
     (None, "No such file"),
     ("{not json", "not JSON"),
