@@ -12,7 +12,7 @@ Run as a program, it pools the pod lifecycles of several ``bench/relay_bench.py 
 run a target's i-th lifecycle is paired with direct's i-th (as the bench pairs them), and the ratios of all runs
 make one sample per target, so that runs of the same code narrow one interval instead of giving several wide ones:
 
-    .venv/bin/python bench/paired.py RUN.json [RUN.json ...]
+    .venv/bin/python bench/paired.py RUN.json [RUN.json ...] [--baseline TARGET]
 """
 
 from __future__ import annotations
