@@ -25,8 +25,9 @@ Needs root, containerd, runc and busybox-static (``make test`` installs them).
         [--cache-containers 500] [--creates 30] [--settle-ms 150] [--relay-src DIR] [--no-naive] [--sched-trace]
         [--save FILE]
 
-``--save FILE`` writes phase 3's lifecycles to FILE; ``bench/paired.py FILE...`` pools several runs' pairs
-(each lifecycle paired with direct's in its own run) into one median and interval per target.
+``--save FILE`` writes phase 3's lifecycles and phase 2's calls to FILE; ``bench/paired.py FILE...`` pools several
+runs' pairs (each lifecycle paired with direct's in its own run) into one median and interval per target, and
+``bench/paired.py --calls FILE...`` their calls under load into one p50 and p99 per target and method.
 
 ``--relay-src DIR`` (repeatable) adds, in phases 1 and 2, a relay run from another source tree (e.g.
 ``git archive 635e824 | tar -x -C /tmp/relay-old``) as target "alt1" ("alt2", ...), in front of the same
@@ -55,7 +56,7 @@ import _util  # noqa: F401  (puts the repo on sys.path)
 import grpc
 from cri_api.v1 import api_pb2 as pb
 from cri_api.v1 import api_pb2_grpc as pbg
-from paired import LIFECYCLES_FORMAT, bootstrap_interval, sign_test_interval
+from paired import RUN_FORMAT, bootstrap_interval, pct, sign_test_interval
 from sched_trace import SchedTrace
 
 from tests.integration.containerd import Containerd, missing_prerequisites
@@ -93,11 +94,6 @@ SCRAPER = textwrap.dedent("""
         time.sleep(0.1)
     print(n)
 """)
-
-
-def pct(xs: list[float], q: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
 def interleaved(stubs: dict[str, object], call, n: int,
@@ -150,14 +146,16 @@ def syscalls(pid: int) -> tuple[int, int]:
     return int(fields["syscr"]), int(fields["syscw"])
 
 
-def unary_rounds(stubs, n: int, trace: tuple[Path, dict[str, int], dict[str, int]] | None = None) -> None:
-    """Version and ListContainers on every target. With ``trace`` (a directory, the pids of the groups whose
-    waits count, and of other processes to name), the Version calls run under ``perf sched record`` and the slow
-    ones' run-queue waits are shown."""
+def unary_rounds(stubs, n: int, trace: tuple[Path, dict[str, int], dict[str, int]] | None = None,
+                 ) -> dict[str, dict[str, list[float]]]:
+    """Version and ListContainers on every target: the latencies, method -> target -> seconds in round order.
+    With ``trace`` (a directory, the pids of the groups whose waits count, and of other processes to name), the
+    Version calls run under ``perf sched record`` and the slow ones' run-queue waits are shown."""
     version = pb.VersionRequest()
     lst = pb.ListContainersRequest()
     if trace is None:
-        report(f"Version x{n}", interleaved(stubs, lambda s: s.Version(version, timeout=10), n))
+        lat = interleaved(stubs, lambda s: s.Version(version, timeout=10), n)
+        report(f"Version x{n}", lat)
     else:
         marks: list[tuple[str, float, float]] = []
         with SchedTrace(trace[0]) as tr:
@@ -170,7 +168,9 @@ def unary_rounds(stubs, n: int, trace: tuple[Path, dict[str, int], dict[str, int
             print(f"      {target:7s} {count:4d} calls: waited " + ", ".join(
                 f"{g} {1e3 * v / count:.2f}" for g, v in waited.most_common()) + " ms a call; CPUs held by "
                 + ", ".join(f"{g} {1e3 * v / count:.2f}" for g, v in ran.most_common(4)) + " ms a call")
-    report(f"ListContainers x{n}", interleaved(stubs, lambda s: s.ListContainers(lst, timeout=10), n))
+    listed = interleaved(stubs, lambda s: s.ListContainers(lst, timeout=10), n)
+    report(f"ListContainers x{n}", listed)
+    return {"Version": lat, "ListContainers": listed}
 
 
 LIFECYCLE = ("RunPodSandbox", "CreateContainer", "StartContainer", "StopContainer", "RemoveContainer",
@@ -259,16 +259,22 @@ def lifecycles(kubes: dict[str, Kubelet], n: int, block: int = 1) -> dict[str, l
     return per
 
 
-def save_lifecycles(path: Path, per: dict[str, list[dict[str, float]]], block: int) -> None:
-    """Phase 3's lifecycles as bench/paired.py reads them: each target's, in the order run (the i-th of a target
-    is paired with direct's i-th), each a dict of call -> seconds; written whole or not at all."""
+def save_run(path: Path, block: int, lifecycles: dict[str, list[dict[str, float]]] | None = None,
+             calls: dict[str, dict[str, list[float]]] | None = None) -> None:
+    """A run as bench/paired.py reads it, written whole or not at all: phase 3's lifecycles, each target's in the
+    order run (the i-th of a target is paired with direct's i-th), each a dict of call -> seconds; phase 2's
+    calls, method -> target -> seconds in round order (the i-th of every target from the same round)."""
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).resolve().parent,
                               capture_output=True, text=True, check=False, timeout=10).stdout.strip()
     except (OSError, subprocess.TimeoutExpired):  # no git, or not a checkout: the run is saved without it
         head = ""
-    doc = {"format": LIFECYCLES_FORMAT, "commit": head, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-           "block": block, "lifecycles": per}
+    doc = {"format": RUN_FORMAT, "commit": head, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+           "block": block}
+    if lifecycles is not None:
+        doc["lifecycles"] = lifecycles
+    if calls is not None:
+        doc["calls"] = calls
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(doc))
     os.replace(tmp, path)
@@ -400,8 +406,8 @@ def main() -> int:
                     help="phases 1-3: also a relay run from this source tree (targets alt1, alt2, ...), interleaved")
     ap.add_argument("--no-naive", action="store_true", help="phases 1-2: leave out the naive grpcio relay")
     ap.add_argument("--save", type=Path, metavar="FILE",
-                    help="phase 3: write each target's lifecycles (per call, in order) to FILE as JSON, so that "
-                         "runs can be pooled (bench/paired.py FILE...)")
+                    help="phases 2 and 3: write each target's calls under load and its lifecycles (per call, in "
+                         "order) to FILE as JSON, so that runs can be pooled (bench/paired.py [--calls] FILE...)")
     ap.add_argument("--sched-trace", action="store_true",
                     help="phase 2: record the scheduler's events (perf sched) during the Version calls and show, for "
                          "the calls slower than direct's p99, who waited for a CPU and who held it")
@@ -449,6 +455,7 @@ def main() -> int:
             print("1. idle node")
             unary_rounds(stubs, args.calls)
 
+        saved: dict[str, dict] = {}
         if 2 in phases:
             print("2. agent collecting every 0.5 s, /metrics scraped every 0.1 s by another process")
             (base / "agent").mkdir()
@@ -467,7 +474,10 @@ def main() -> int:
                     trace = (base, {"relay": relay.proc.pid, "runtime": cd.proc.pid, "client": os.getpid(),
                                     **{f"alt{i}": a.proc.pid for i, a in enumerate(alts, 1)}},
                              {"agent": agent.proc.pid, "scraper": scraper.pid})
-            unary_rounds(stubs, args.calls, trace)
+            saved["calls"] = unary_rounds(stubs, args.calls, trace)
+            if args.save is not None:
+                save_run(args.save, args.block, **saved)
+                print(f"  calls saved to {args.save} (pool runs: .venv/bin/python bench/paired.py --calls FILE...)")
             wall = time.perf_counter() - t0
             print("  CPU used during phase 2, share of one CPU: " + ", ".join(
                 f"{k} {100 * (cpu_seconds(p) - before[k]) / wall:.0f}%" for k, p in load.items()))
@@ -488,8 +498,9 @@ def main() -> int:
             cpu0 = {k: cpu_seconds(r.proc.pid) for k, r in relays.items()}
             io0 = {k: syscalls(r.proc.pid) for k, r in relays.items()}
             per = lifecycles({"direct": kd, "relay": kr, "direct2": kd2, **alt_kubes}, args.lifecycles, args.block)
+            saved["lifecycles"] = per
             if args.save is not None:
-                save_lifecycles(args.save, per, args.block)
+                save_run(args.save, args.block, **saved)
                 print(f"    lifecycles saved to {args.save} (pool runs: .venv/bin/python bench/paired.py FILE...)")
             print("    per lifecycle, each relay (all its threads, background work included): CPU (user + system); "
                   "read and write system calls (7 calls need at least 14 of each)")

@@ -3,6 +3,7 @@ computed by hand."""
 
 from __future__ import annotations
 
+import random
 import statistics
 import sys
 from pathlib import Path
@@ -73,10 +74,10 @@ def _lifecycle(total: float) -> dict[str, float]:
 
 
 def _saved(path: Path, direct: list[float], **targets: list[float]) -> Path:
-    from relay_bench import save_lifecycles  # the bench's own writer: the round trip is what is checked
+    from relay_bench import save_run  # the bench's own writer: the round trip is what is checked
 
     per = {"direct": [_lifecycle(t) for t in direct], **{k: [_lifecycle(t) for t in v] for k, v in targets.items()}}
-    save_lifecycles(path, per, block=3)
+    save_run(path, 3, lifecycles=per)
     return path
 
 
@@ -118,13 +119,13 @@ def test_a_baseline_other_than_direct_pairs_two_targets_of_the_same_round(tmp_pa
     (None, "No such file"),
     ("{not json", "not JSON"),
     (json.dumps({"format": 99, "lifecycles": {}}), "not a relay_bench.py --save file"),
-    (json.dumps({"format": paired.LIFECYCLES_FORMAT, "lifecycles": {"relay": []}}), "no direct lifecycles"),
-    (json.dumps({"format": paired.LIFECYCLES_FORMAT,
+    (json.dumps({"format": paired.RUN_FORMAT, "lifecycles": {"relay": []}}), "no direct lifecycles"),
+    (json.dumps({"format": paired.RUN_FORMAT,
                  "lifecycles": {"direct": [{"a": 0.1}], "relay": [{"a": 0.1}, {"a": 0.2}]}}),
      "target 'relay' has 2 lifecycles, direct 1"),
-    (json.dumps({"format": paired.LIFECYCLES_FORMAT, "lifecycles": {"direct": [{"a": -1}], "relay": [{"a": 1}]}}),
+    (json.dumps({"format": paired.RUN_FORMAT, "lifecycles": {"direct": [{"a": -1}], "relay": [{"a": 1}]}}),
      "target 'direct': lifecycles must be"),
-    (json.dumps({"format": paired.LIFECYCLES_FORMAT, "lifecycles": {"direct": [{"a": "x"}], "relay": [{}]}}),
+    (json.dumps({"format": paired.RUN_FORMAT, "lifecycles": {"direct": [{"a": "x"}], "relay": [{}]}}),
      "lifecycles must be"),
 ])
 def test_a_run_that_cannot_be_pooled_exits_2_naming_the_file_and_the_problem(tmp_path, capsys, content, named):
@@ -134,3 +135,71 @@ def test_a_run_that_cannot_be_pooled_exits_2_naming_the_file_and_the_problem(tmp
     assert paired.main([str(path)]) == 2
     err = capsys.readouterr().err
     assert str(path) in err and named in err
+
+
+def _latencies(n: int, seed: int) -> list[float]:
+    # calls of ~0.5 ms with a tail: every 40th round a burst of 4 slow rounds (a scrape), as a loaded machine has
+    rng = random.Random(seed)
+    return [0.0005 + rng.random() * 0.0001 + (0.002 * rng.random() if i % 40 < 4 else 0.0) for i in range(n)]
+
+
+def test_quantile_difference_pools_the_runs_and_keeps_each_rounds_pair():
+    # the relay adds exactly 0.3 ms to every call of its round: whatever blocks a resample draws, the same blocks
+    # of both targets are drawn, so every resample's p99 difference is 0.3 ms (unpaired it would spread)
+    runs = []
+    for seed in (1, 2, 3):
+        direct = _latencies(1000, seed)
+        runs.append({"direct": direct, "relay": [d + 0.0003 for d in direct]})
+    for q in (0.5, 0.99):
+        est, iv = paired.quantile_difference(runs, "relay", "direct", q, block=50, resamples=200)
+        assert est == pytest.approx(0.0003) and iv.low == pytest.approx(0.0003) and iv.high == pytest.approx(0.0003)
+    # the estimate is the pooled quantile's (the bench's definition: rank floor(q n) + 1), not a mean of the runs'
+    pooled = sum((r["direct"] for r in runs), [])
+    assert paired.pct(pooled, 0.99) == sorted(pooled)[2970]
+
+
+def test_quantile_difference_interval_covers_a_tail_difference_and_shrinks_with_runs():
+    # the relay's extra time is its own noise (not a shift): one call in 25 takes 3 ms more, past direct's slowest
+    # (~2.6 ms), so the relay's p99 is one of those calls and direct's one of its bursts. Its true p99
+    # difference is a property of the two distributions; more runs narrow the interval around it
+    def run(seed: int) -> dict[str, list[float]]:
+        rng = random.Random(100 + seed)
+        direct = _latencies(2000, seed)
+        return {"direct": direct, "relay": [d + (0.003 if rng.random() < 0.04 else 0.0) for d in direct]}
+
+    few = [run(s) for s in range(2)]
+    many = [run(s) for s in range(12)]
+    est_f, iv_f = paired.quantile_difference(few, "relay", "direct", 0.99, resamples=300)
+    est_m, iv_m = paired.quantile_difference(many, "relay", "direct", 0.99, resamples=300)
+    assert iv_m.low <= est_m <= iv_m.high and iv_f.low <= est_f <= iv_f.high
+    assert iv_m.low > 0.0005  # the slow calls lift the tail, and the interval says so
+    assert iv_m.high - iv_m.low < iv_f.high - iv_f.low
+    with pytest.raises(ValueError, match="same, non-zero number"):
+        paired.quantile_difference([{"direct": [0.1, 0.2], "relay": [0.1]}], "relay", "direct", 0.5)
+    with pytest.raises(ValueError, match="whole block"):
+        paired.quantile_difference([{"direct": [0.1] * 10, "relay": [0.1] * 10}], "relay", "direct", 0.5)
+
+
+def test_saved_calls_pool_into_p50_and_p99_per_method(tmp_path, capsys):
+    from relay_bench import save_run
+
+    files = []
+    for seed in (1, 2):
+        direct = _latencies(400, seed)
+        calls = {"Version": {"direct": direct, "relay": [d + 0.0002 for d in direct]},
+                 "ListContainers": {"direct": direct, "relay": [d + 0.0001 for d in direct]}}
+        files.append(tmp_path / f"run{seed}.json")
+        save_run(files[-1], 1, calls=calls)
+    assert paired.main(["--calls", *map(str, files)]) == 0
+    out = capsys.readouterr().out
+    assert "pooled over 2 runs" in out and "Version (800 calls per target" in out
+    assert "relay   p50 +0.200 [+0.200, +0.200]   p99 +0.200 [+0.200, +0.200]" in out
+    assert "relay   p50 +0.100 [+0.100, +0.100]" in out
+    # a lifecycles-only file has no calls; a target short of calls is named
+    _saved(tmp_path / "lc.json", [0.1] * 6, relay=[0.1] * 6)
+    assert paired.main(["--calls", str(tmp_path / "lc.json")]) == 2
+    assert "no phase 2 calls" in capsys.readouterr().err
+    (tmp_path / "short.json").write_text(json.dumps(
+        {"format": paired.RUN_FORMAT, "calls": {"Version": {"direct": [0.1, 0.2], "relay": [0.1]}}}))
+    assert paired.main(["--calls", str(tmp_path / "short.json")]) == 2
+    assert "Version: target 'relay' has 1 calls, direct 2" in capsys.readouterr().err
