@@ -249,3 +249,26 @@ def test_relay_dump_file_is_0600_even_with_a_lax_umask(tmp_path):
     (tmp_path / "link").symlink_to(tmp_path / "elsewhere")
     with pytest.raises(OSError):
         Dumper(tmp_path / "link")
+
+
+def test_the_environment_cannot_turn_on_fastapis_telemetry_export(tmp_path, monkeypatch, caplog):
+    """FastAPI (0.150 on) traces requests and records validation failures with their input through OpenTelemetry,
+    and exports them to an OTLP endpoint when the environment says ``FASTAPI_OTEL_AUTO_CONFIGURE=true`` (set
+    node-wide for other services, or by a pod template) and an OpenTelemetry SDK is installed. The agent's API
+    carries tokens and what hostile clients send: none of it leaves the node that way. The agent's app turns
+    FastAPI's telemetry off, so such an environment changes nothing (here, without the SDK, FastAPI would try at
+    start-up and log a warning)."""
+    monkeypatch.setenv("FASTAPI_OTEL_AUTO_CONFIGURE", "true")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9")
+    a = make_agent(tmp_path)
+    try:
+        app = create_app(a)
+        if not hasattr(app, "_telemetry"):
+            pytest.skip("this FastAPI has no OpenTelemetry of its own (before 0.150): nothing to turn off")
+        with caplog.at_level(logging.DEBUG), TestClient(app) as c:  # the lifespan runs: telemetry starts there
+            assert c.get("/healthz").status_code == 200
+        assert app._telemetry["auto_configure"] is False
+        assert not any(app._telemetry[k] for k in ("tracing", "metrics", "logs", "operation_spans"))
+        assert not [r for r in caplog.records if "telemetry" in r.getMessage().lower()]
+    finally:
+        a.stop()

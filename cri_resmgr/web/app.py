@@ -218,8 +218,13 @@ def topology_model(t) -> TopologyModel:
 def create_app(agent, check_host: bool = False) -> FastAPI:
     """``check_host``: refuse Host headers other than loopback names on a loopback listen (the served agent
     turns it on; in-process test clients send ``Host: testserver``)."""
+    # FastAPI's own OpenTelemetry (spans, request metrics, validation failures with their input) off, whatever the
+    # environment says (FASTAPI_OTEL_AUTO_CONFIGURE): the API's requests carry tokens and hostile input, and the
+    # agent's telemetry is its /metrics (tests/test_api_security.py).
     app = FastAPI(title="cri-resmgr", version=__version__, responses=COMMON_RESPONSES,
-                  description="Per-container hardware signals, history and placement on one node.")
+                  description="Per-container hardware signals, history and placement on one node.",
+                  telemetry={"tracing": False, "metrics": False, "logs": False, "operation_spans": False,
+                             "auto_configure": False})
     app.add_middleware(RequestGuard, agent=agent, check_host=check_host)
     heavy = HeavyPool()
     exposition = Exposition(agent.store, agent.self_metrics)
