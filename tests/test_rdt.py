@@ -15,6 +15,7 @@ from cri_resmgr.agent import Agent
 from cri_resmgr.collectors.base import CollectorUnavailable
 from cri_resmgr.collectors.cgroup import CgroupCollector
 from cri_resmgr.collectors.rdt import (
+    ESTIMATE_UNIT_SHARE,
     GROUP_PREFIX,
     IDLE_REASON,
     MBM_IDLE_REFRESHES,
@@ -22,6 +23,7 @@ from cri_resmgr.collectors.rdt import (
     Counter,
     RdtCollector,
     counter_delta,
+    estimate_bytes,
     parse_mon_features,
     parse_mon_value,
 )
@@ -624,8 +626,8 @@ def test_resctrl_directories_are_listed_only_on_change_and_a_group_removed_behin
 def test_every_runs_estimates_follow_the_scaling_rule_for_watched_and_rotated_out_containers(emulator, node):
     """The estimates are computed for all containers at once: each run's value of every container is what was
     seen times elapsed / watched time (for a container not watched all along, 1 otherwise) in whole bytes
-    (rounded down), never below the value before it, whether its group was read this run, is idle, or was
-    rotated out."""
+    (rounded down; an extrapolated one to its unit), never below the value before it, whether its group was read
+    this run, is idle, or was rotated out."""
     emu = emulator(num_rmids=4, domains=(0, 1))  # three MON groups for six containers
     for i in range(6):
         _cid, (tid,) = node.add(n_threads=1)
@@ -642,12 +644,43 @@ def test_every_runs_estimates_follow_the_scaling_rule_for_watched_and_rotated_ou
                            cache_id=str(cache_id))
                 scale = max(1.0, (t - w.first_read) / w.watched_seconds) if w.gaps and w.watched_seconds > 0 \
                     else 1.0
-                want = max(math.floor(seen * scale), before.get((cid, fname, cache_id), 0.0))
+                # extrapolated: in units of a power of two bytes, the largest within 1/128 of a watched second's
+                unit = 2.0 ** math.floor(math.log2(seen / w.watched_seconds / ESTIMATE_UNIT_SHARE)) \
+                    if scale > 1 and seen / w.watched_seconds >= 2 * ESTIMATE_UNIT_SHARE else 1.0
+                want = max(math.floor(math.floor(seen * scale) / unit) * unit, before.get((cid, fname, cache_id), 0.0))
+                assert unit == 1.0 or unit <= seen / w.watched_seconds / ESTIMATE_UNIT_SHARE
                 assert got == want, (t, cid, fname, cache_id)
                 before[(cid, fname, cache_id)] = got
                 checked += w.gaps
         emu.advance(1.0)
     assert checked > 100, "rotated containers were checked"
+
+
+def test_an_extrapolated_estimate_costs_the_store_a_byte_a_row_and_stays_within_a_percent_of_a_run():
+    """A container rotated out keeps growing at what it was seen doing per watched second, times each run's
+    elapsed time, which jitters: in whole bytes its steps differ in their low bytes every run. In units of at most
+    1/128 of a watched second's bytes they differ by a few units, which the store codes in one byte a row
+    (through its own block codec), while the estimate stays within a unit of the exact one."""
+    from cri_resmgr.store.tsdb import Block
+
+    rng = np.random.default_rng(3)
+    seen, watched, first = np.array([3.7e10, 1.23e9, 5e3]), np.array([100.0, 100.0, 100.0]), 0.0
+    t = 400.0 + np.cumsum(2.0 + rng.uniform(-1e-3, 1e-3, 256))  # runs 2 s apart, +-1 ms of wake-up jitter
+    scale = (t - first)[:, None] / watched[None, :]
+    exact = np.floor(seen * scale)
+    est = np.vstack([estimate_bytes(seen, s, watched) for s in scale])
+    unit = np.exp2(np.floor(np.log2(seen / watched / ESTIMATE_UNIT_SHARE)))
+    unit[seen / watched < 2 * ESTIMATE_UNIT_SHARE] = 1.0
+    assert unit.tolist() == [2.0 ** 21, 2.0 ** 16, 1.0]  # 3.7e8 and 1.23e7 B/s; 50 B/s: whole bytes
+    assert ((exact - est >= 0) & (exact - est < unit)).all() and (est % unit == 0).all()
+    assert (unit <= seen / watched / ESTIMATE_UNIT_SHARE + (unit == 1)).all()  # < 1 % of a second's bytes
+    steps = np.diff(est, axis=0) / unit
+    assert (steps.max(axis=0) - steps.min(axis=0) <= 3).all()  # 2 s +- 1 ms: +-0.05 % of ~350 units, and floor
+    exact_block, est_block = Block(0, t, exact), Block(0, t, est)
+    assert [est_block.width_of(c) for c in range(2)] == [1, 1]
+    assert all(exact_block.width_of(c) >= 2 for c in range(2))
+    # watched all along (scale 1): exactly what was counted, whatever the rate
+    assert estimate_bytes(seen, np.ones(3), watched).tolist() == seen.tolist()
 
 
 def test_estimates_never_go_back_across_a_close_and_reopen(emulator, node):

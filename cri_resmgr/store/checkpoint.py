@@ -13,8 +13,8 @@ Every file goes to a temporary name in the same directory, is fsync'ed, then ren
 that names them, and segments no manifest names any more are removed only after the new manifest is in place. A
 crash therefore leaves the old manifest with every segment it names, or the new one with every segment it names.
 A checkpoint that cannot be read (the manifest or a segment it names) is reported and the manifest moved aside.
-Formats 1 (plain float64 rings), 2 (format 3 without segments, keys in the meta JSON) and 3 (format 4 without the
-blocks' gap bitmaps) are still read.
+Formats 1 (plain float64 rings), 2 (format 3 without segments, keys in the meta JSON), 3 (format 4 without the
+blocks' gap bitmaps) and 4 (format 5 without their sparse columns) are still read.
 """
 
 from __future__ import annotations
@@ -33,9 +33,10 @@ from .tsdb import Block, Labels, Store, Table
 
 log = logging.getLogger(__name__)
 
-# 1: plain float64 rings; 2: one file, keys in the meta JSON; 3: format 4 without gap bitmaps in blocks (all still
-# read). An agent that reads format 3 only refuses format 4 rather than read its gaps as values.
-FORMAT_VERSION = 4
+# 1: plain float64 rings; 2: one file, keys in the meta JSON; 3: format 4 without gap bitmaps in blocks; 4: format 5
+# without sparse columns in blocks (all still read). An agent that reads format 3 only refuses format 4 rather than
+# read its gaps as values, and one that reads up to 4 refuses format 5 by its version (tsdb._Sparse).
+FORMAT_VERSION = 5
 FILENAME = "store.npz"
 SEGMENT_PREFIX = "store.seg-"  # + id + ".npz"
 
@@ -281,7 +282,7 @@ def _load(store: Store, path: Path, interval_of, placed: dict) -> int:
         if not isinstance(meta, dict) or not isinstance(meta.get("tables"), list):
             raise ValueError(f"meta is a {type(meta).__name__} without a list of tables, not a checkpoint's")
         version = meta.get("version")
-        if version not in (1, 2, 3, FORMAT_VERSION):
+        if version not in (1, 2, 3, 4, FORMAT_VERSION):
             raise ValueError(f"unsupported checkpoint version {version!r}")
         loaded = {name: z[name] for name in z.files}
     total = 0
@@ -303,7 +304,8 @@ def _key(k) -> tuple:
 
 def _load_table(store: Store, tm: dict, i: int, loaded: dict, cap: int, state_dir: Path, segments: dict[str, dict],
                 placed: dict) -> int:
-    """Formats 2 to 4 (format 2: keys in the meta, every block in the one file; 3: no gap bitmaps)."""
+    """Formats 2 to 5 (format 2: keys in the meta, every block in the one file; 3: no gap bitmaps; 4: no sparse
+    columns)."""
     if "keys" in tm:  # format 2
         if not isinstance(tm["keys"], list):
             raise ValueError(f"table {tm['name']!r}: keys are a {type(tm['keys']).__name__}, not a list")

@@ -117,13 +117,16 @@ class Block:
     rows (``gapcols``, ``gapbits``: a bit a row), so that a gauge that is either its value or absent costs its
     bitmap instead of two XOR bytes a row. Only the NaN Python and numpy write (``np.nan``'s bits) is coded so;
     a column holding another NaN keeps its XOR coding, which is exact for any bits.
+    A column whose codes (XORs or steps) are zero in most rows — a counter that steps a few times in the block — is
+    kept instead as a bitmap of the rows with a non-zero code and those codes (:class:`_Sparse`), when that takes
+    less: the byte planes would spend its widest code's bytes on every row.
     Per column a block keeps its first value (8 bytes), its group (1 byte, 2 past 127 groups) and its place in the
     group (2 bytes, 4 past 65,536 columns); a delta-coded column also its smallest step (``base``, 8 bytes, held
     per group: ``base[boff[g] + pos]``).
     """
 
     __slots__ = ("seq0", "n", "t_first", "t_last", "ncols", "ts", "first", "gid", "pos", "groups", "base", "boff",
-                 "gapcols", "gapbits")
+                 "gapcols", "gapbits", "sparse")
 
     def __init__(self, seq0: int, ts: np.ndarray, vals: np.ndarray):
         if not np.little_endian:  # pragma: no cover - x86 and arm64 hosts are little-endian
@@ -134,16 +137,20 @@ class Block:
         self.t_first, self.t_last = float(self.ts[0]), float(self.ts[-1])
         self.ncols = vals.shape[1]
         filled, self.gapcols, self.gapbits = _fill_gaps(vals)
-        self.first, gid, pos, self.groups, base = _encode(filled)
+        self.first, gid, pos, self.groups, base, self.sparse = _encode(filled)
         self.gid, self.pos, self.base, self.boff = _narrow(gid, pos, base, self.groups)
 
     def nbytes(self) -> int:
         return (self.ts.nbytes + self.first.nbytes + self.gid.nbytes + self.pos.nbytes + self.base.nbytes
-                + self.gapcols.nbytes + self.gapbits.nbytes + sum(g[2].nbytes for g in self.groups))
+                + self.gapcols.nbytes + self.gapbits.nbytes + sum(g[2].nbytes for g in self.groups)
+                + self.sparse.nbytes())
 
     def width_of(self, col: int) -> int:
-        """Bytes kept per row for a column (0: constant over the block, or never written)."""
+        """Bytes kept per row for a column (0: constant over the block, or never written; a sparse column's
+        bitmap and codes over its rows, rounded up)."""
         g = int(self.gid[col])
+        if g == _SPARSE:
+            return self.sparse.bytes_of(col, self.n)
         return 0 if g < 0 else self.groups[g][1]
 
     def columns(self, cols: np.ndarray) -> np.ndarray:
@@ -178,6 +185,9 @@ class Block:
         if len(self.gapcols):
             arrays[f"{prefix}gapcols"], arrays[f"{prefix}gapbits"] = self.gapcols, self.gapbits
             meta["gaps"] = True
+        if len(self.sparse.cols):
+            arrays.update(self.sparse.to_arrays(prefix))
+            meta["sparse"] = True
         return arrays, meta
 
     @classmethod
@@ -207,7 +217,9 @@ class Block:
             if k and not np.array_equal(np.sort(b.pos[members]), np.arange(k)):
                 raise ValueError(f"block {prefix}: group {g}: column positions out of range")
             b.groups.append((int(s), int(w), planes, int(mode)))
-        if (b.gid >= len(b.groups)).any() or (b.gid < -1).any():
+        b.sparse = _Sparse.from_arrays(arrays, prefix, b.n, b.ncols) if meta.get("sparse") else _Sparse.empty(b.n)
+        if (b.gid >= len(b.groups)).any() or (b.gid < _SPARSE).any() \
+                or not np.array_equal(np.flatnonzero(b.gid == _SPARSE), b.sparse.cols):
             raise ValueError(f"block {prefix}: a column names a group that does not exist")
         if per_group:
             b.boff = _base_offsets(b.groups)
@@ -234,6 +246,103 @@ _XOR = -1
 
 
 _NAN_BITS = np.array([np.nan]).view(np.uint64)[0]  # the NaN np.nan and float("nan") are
+
+
+_SPARSE = -2  # a column's gid when its codes are kept sparse (:class:`_Sparse`)
+
+
+class _Sparse:
+    """The columns of a block whose codes (the XORs, or the steps less the smallest) are mostly zero, kept as a
+    bitmap of the rows with a non-zero code (rows 1..n-1, a bit a row: ``bits[i]``, as ``np.packbits``) and those
+    codes whole (``codes[off[i]:off[i + 1]]``, uint64, in row order): a counter that steps a few times in a block
+    (an idle container's, one that counts only while watched) costs its bitmap and 8 bytes a step instead of its
+    widest step's bytes in every row. Gorilla spends a bit on an unchanged value for the same reason. Per column
+    also its coding (``mode``: _XOR or a scale of SCALES) and, for a delta-coded one, its smallest step."""
+
+    __slots__ = ("cols", "mode", "base", "bits", "codes", "off")
+
+    def __init__(self, cols: np.ndarray, mode: np.ndarray, base: np.ndarray, bits: np.ndarray, codes: np.ndarray,
+                 off: np.ndarray):
+        self.cols, self.mode, self.base, self.bits, self.codes, self.off = cols, mode, base, bits, codes, off
+
+    @classmethod
+    def empty(cls, n: int) -> _Sparse:
+        return cls(np.zeros(0, dtype=np.int32), np.zeros(0, dtype=np.int8), np.zeros(0, dtype=np.int64),
+                   np.zeros((0, (max(n - 1, 0) + 7) // 8), dtype=np.uint8), np.zeros(0, dtype=np.uint64),
+                   np.zeros(1, dtype=np.int64))
+
+    @classmethod
+    def of(cls, d: np.ndarray, cols: np.ndarray, mode: np.ndarray, base: np.ndarray) -> _Sparse:
+        """The codes ``d`` (n-1 rows × columns) of ``cols``."""
+        sub = d[:, cols].T  # (k, n-1)
+        nz = sub != 0
+        off = np.zeros(len(cols) + 1, dtype=np.int64)
+        np.cumsum(nz.sum(axis=1), out=off[1:])
+        return cls(cols.astype(np.int32), mode.astype(np.int8), base.astype(np.int64), np.packbits(nz, axis=1),
+                   np.ascontiguousarray(sub[nz]), off)
+
+    @classmethod
+    def joined(cls, parts: Sequence[_Sparse]) -> _Sparse:
+        """The sparse columns of ``parts`` (of the same rows, columns ascending from part to part) as one."""
+        shift = np.cumsum([0] + [len(sp.codes) for sp in parts[:-1]])
+        off = np.concatenate([np.zeros(1, dtype=np.int64)]
+                             + [sp.off[1:] + k for sp, k in zip(parts, shift, strict=True)])
+        return cls(np.concatenate([sp.cols for sp in parts]), np.concatenate([sp.mode for sp in parts]),
+                   np.concatenate([sp.base for sp in parts]), np.concatenate([sp.bits for sp in parts]),
+                   np.concatenate([sp.codes for sp in parts]), off.astype(np.int64))
+
+    @staticmethod
+    def cost(n: int, nnz: np.ndarray) -> np.ndarray:
+        """Bytes a sparse column of a block of ``n`` rows with ``nnz`` non-zero codes takes (bitmap, codes, its
+        column, coding, smallest step and offset)."""
+        return (n - 1 + 7) // 8 + 8 * nnz + 21
+
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in (self.cols, self.mode, self.base, self.bits, self.codes, self.off))
+
+    def bytes_of(self, col: int, n: int) -> int:
+        i = int(np.searchsorted(self.cols, col))
+        return -(-(self.bits.shape[1] + 8 * int(self.off[i + 1] - self.off[i])) // max(n - 1, 1))
+
+    def place(self, cols: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Write the codes of the sparse ones among ``cols`` into rows of ``x`` (len(cols) × n, from the second
+        value on); return those rows, and their codings and smallest steps."""
+        at = np.searchsorted(self.cols, cols)
+        at[at >= len(self.cols)] = 0
+        hit = np.flatnonzero(self.cols[at] == cols) if len(self.cols) else np.zeros(0, dtype=np.int64)
+        if len(hit) == 0:
+            return hit, self.mode[:0], self.base[:0]
+        i = at[hit]
+        n1 = x.shape[1] - 1
+        nz = np.unpackbits(self.bits[i], axis=1, count=n1).astype(bool)
+        lengths = self.off[i + 1] - self.off[i]
+        starts = np.repeat(self.off[i] - np.concatenate(([0], np.cumsum(lengths)[:-1])), lengths)
+        sub = np.zeros((len(hit), n1), dtype=np.uint64)
+        sub[nz] = self.codes[starts + np.arange(int(lengths.sum()))]
+        x[hit, 1:] = sub
+        return hit, self.mode[i], self.base[i]
+
+    def to_arrays(self, prefix: str) -> dict[str, np.ndarray]:
+        return {f"{prefix}sp{k}": getattr(self, k) for k in self.__slots__}
+
+    @classmethod
+    def from_arrays(cls, arrays, prefix: str, n: int, ncols: int) -> _Sparse:
+        """Inverse of :meth:`to_arrays`; raises ValueError on arrays that do not fit a block of ``n`` rows and
+        ``ncols`` columns."""
+        sp = cls(*(np.asarray(arrays[f"{prefix}sp{k}"]) for k in cls.__slots__))
+        k = len(sp.cols)
+        if sp.cols.dtype != np.int32 or sp.cols.shape != (k,) or (k and not (
+                sp.cols[0] >= 0 and sp.cols[-1] < ncols and (np.diff(sp.cols) > 0).all())) \
+                or sp.mode.dtype != np.int8 or sp.mode.shape != (k,) or not np.isin(sp.mode, (_XOR, *SCALES)).all() \
+                or sp.base.dtype != np.int64 or sp.base.shape != (k,) \
+                or sp.bits.dtype != np.uint8 or sp.bits.shape != (k, (max(n - 1, 0) + 7) // 8) \
+                or sp.codes.dtype != np.uint64 or sp.codes.ndim != 1 \
+                or sp.off.dtype != np.int64 or sp.off.shape != (k + 1,) or sp.off[0] != 0 \
+                or sp.off[-1] != len(sp.codes) \
+                or not np.array_equal(np.diff(sp.off), np.unpackbits(sp.bits, axis=1, count=max(n - 1, 0)).sum(axis=1)):
+            raise ValueError(f"block {prefix}: sparse columns of shapes {sp.cols.shape}, {sp.bits.shape}, "
+                             f"{sp.codes.shape} do not fit {ncols} columns of {n} rows")
+        return sp
 
 
 def _base_offsets(groups) -> list[int]:
@@ -360,7 +469,7 @@ def _encode(vals: np.ndarray):
     groups: list[tuple[int, int, np.ndarray, int]] = []
     base = np.zeros(c, dtype=np.int64)
     if n == 1 or c == 0:
-        return first, gid, pos, groups, base
+        return first, gid, pos, groups, base, _Sparse.empty(n)
     d = x[1:] ^ x[:-1]  # (n-1, c)
     lo, width = _trim(d)
     scale = np.full(c, _XOR, dtype=np.int8)
@@ -376,9 +485,17 @@ def _encode(vals: np.ndarray):
             lo[cols], width[cols], scale[cols] = zlo[better], zwidth[better], sc[better]
             first[cols] = k0[better].view(np.uint64)
             base[cols] = mn[better]
+    # Mostly-zero codes (a counter that steps a few times in the block) kept sparse where that takes less.
+    wide = np.flatnonzero(width > 0)
+    if len(wide):
+        nnz = np.count_nonzero(d[:, wide], axis=0)
+        wide = wide[_Sparse.cost(n, nnz) < width[wide] * (n - 1)]
+    sparse = _Sparse.of(d, wide, scale[wide], base[wide]) if len(wide) else _Sparse.empty(n)
+    gid[wide] = _SPARSE
     # A group per (coding, first byte, width); XOR columns of width 0 are constant and need none, but a
     # delta column of width 0 (a constant step: a steady counter) keeps its group for its step.
     code = np.where((width > 0) | (scale != _XOR), ((scale.astype(np.int64) + 1) * 9 + lo) * 9 + width, -1)
+    code[wide] = -1
     b = d.view(np.uint8).reshape(n - 1, c, 8)  # little-endian: byte 0 is the least significant
     for key in np.unique(code):
         if key < 0:
@@ -393,7 +510,7 @@ def _encode(vals: np.ndarray):
         else:
             planes = np.ascontiguousarray(b[:, cols, sh:sh + w].transpose(1, 2, 0))  # (g, w, n-1)
         groups.append((sh, w, planes, mode - 1))
-    return first, gid, pos, groups, base
+    return first, gid, pos, groups, base, sparse
 
 
 def _undelta(x: np.ndarray, base, d: int, out: np.ndarray) -> None:
@@ -426,6 +543,9 @@ def _decode_one(b: Block, col: int, out: np.ndarray) -> None:
     grouping work."""
     x = out.view(np.uint64)
     g = int(b.gid[col])
+    if g == _SPARSE:
+        _decode(b, np.array([col]), out[None], one=False)
+        return
     if g < 0:  # constant over the block
         x[:] = b.first[col]
         return
@@ -440,9 +560,9 @@ def _decode_one(b: Block, col: int, out: np.ndarray) -> None:
         _undelta(x, b.base[b.boff[g] + int(b.pos[col])], group[3], out)
 
 
-def _decode(b: Block, cols: np.ndarray, out: np.ndarray) -> None:
+def _decode(b: Block, cols: np.ndarray, out: np.ndarray, one: bool = True) -> None:
     n, k = b.n, len(cols)
-    if k == 1:
+    if k == 1 and one:
         _decode_one(b, int(cols[0]), out[0])
         return
     x = out.view(np.uint64)  # (k, n); rows may be slices of a longer matrix
@@ -463,6 +583,12 @@ def _decode(b: Block, cols: np.ndarray, out: np.ndarray) -> None:
             if group[3] != _XOR:
                 deltas.append((sel, group[3], b.base[b.boff[g] + b.pos[cols[sel]].astype(np.int64)]))
                 xor_rows[sel] = False
+    if n > 1 and len(b.sparse.cols):
+        rows, modes, bases = b.sparse.place(cols, x)
+        for d in np.unique(modes[modes != _XOR]).tolist():
+            mine = modes == d
+            deltas.append((rows[mine], d, bases[mine]))
+            xor_rows[rows[mine]] = False
     # The groups own disjoint rows: each is finished on its own.
     if xor_rows.all():
         np.bitwise_xor.accumulate(x, axis=1, out=x)
@@ -501,6 +627,7 @@ def merge_blocks(blocks: Sequence[Block], ncols: int) -> Block:
     members: list[int] = []
     gapcols: list[np.ndarray] = []
     gapbits: list[np.ndarray] = []
+    sparse: list[_Sparse] = []
     step = max(1, MERGE_CHUNK_VALUES // max(n, 1))
     for a in range(0, ncols, step):
         cols = np.arange(a, min(a + step, ncols), dtype=np.int64)
@@ -510,8 +637,12 @@ def merge_blocks(blocks: Sequence[Block], ncols: int) -> Block:
             b.decode_into(cols, vt[:, off:off + b.n])
             off += b.n
         filled, gc, gb = _fill_gaps(vt.T)
-        first, gid, pos, groups, base = _encode(filled)
+        first, gid, pos, groups, base, sp = _encode(filled)
         out.first[cols], base_all[cols] = first, base
+        if len(sp.cols):
+            sp.cols = sp.cols + np.int32(a)
+            sparse.append(sp)
+            gid_all[sp.cols] = _SPARSE
         if len(gc):
             gapcols.append(gc + np.int32(a))
             gapbits.append(gb)
@@ -530,6 +661,7 @@ def merge_blocks(blocks: Sequence[Block], ncols: int) -> Block:
     out.groups = [(sh, w, np.concatenate(planes[k]) if len(planes[k]) > 1 else planes[k][0], mode)
                   for (sh, w, mode), k in sorted(order.items(), key=lambda kv: kv[1])]
     out.gapcols, out.gapbits = (np.concatenate(gapcols), np.concatenate(gapbits)) if gapcols else _no_gaps(n)
+    out.sparse = _Sparse.empty(n) if not sparse else _Sparse.joined(sparse)
     out.gid, out.pos, out.base, out.boff = _narrow(gid_all, pos_all, base_all, out.groups)
     return out
 
