@@ -29,13 +29,15 @@ def _matrix(rng, n: int, c: int) -> np.ndarray:
     return np.stack([kinds[i % len(kinds)]() for i in range(c)], axis=1)
 
 
-def test_compact_rows_is_a_power_of_two_within_an_eighth_of_the_capacity():
-    assert compact_rows_for(1801, 32) == 128  # rdt at 2 s for an hour: 1801 // 8 = 225
-    assert compact_rows_for(721, 32) == 64  # cgroup at 5 s
+def test_compact_rows_is_a_multiple_of_the_hot_blocks_rows_within_an_eighth_of_the_capacity():
+    assert compact_rows_for(1801, 32) == 224  # rdt at 2 s for an hour: 1801 // 8 = 225
+    assert compact_rows_for(721, 8) == 88  # cgroup at 5 s, 1,000 containers (hot blocks of 8 rows): 721 // 8 = 90
+    assert compact_rows_for(721, 32) == 64
     assert compact_rows_for(100_000, 32) == tsdb.BLOCK_ROWS
     assert compact_rows_for(200, 32) == 32  # too short a table to merge: the hot block's rows
     assert compact_rows_for(3601, 256) == 256  # a narrow table: already BLOCK_ROWS
     assert compact_rows_for(1801, 32, limit=64) == 64
+    assert compact_rows_for(1801, 16, limit=250) == 224
 
 
 def test_merged_blocks_read_back_bit_for_bit_with_columns_added_between_them(monkeypatch):
@@ -190,15 +192,19 @@ def _write(s: Store, rows: int, start: int = 0, seed: int = 0) -> tuple[np.ndarr
     return ts, V
 
 
-def test_a_wide_table_merges_its_sealed_blocks_and_keeps_at_most_an_eighth_past_the_retention(monkeypatch):
-    s = _wide_store(monkeypatch)
+@pytest.mark.parametrize(("retention", "want"), [(600.0, 64), (900.0, 96)])  # 601 // 8 = 75; 901 // 8 = 112
+def test_a_wide_table_merges_its_sealed_blocks_and_keeps_at_most_an_eighth_past_the_retention(
+        monkeypatch, retention, want):
+    s = _wide_store(monkeypatch, retention)
     ts, V = _write(s, 2000)
     tab = s.tables["t"]
-    assert tab.block_rows == 32 and tab.capacity == 601
+    assert tab.block_rows == 32 and tab.capacity == int(retention) + 1
     target = compact_rows_for(tab.capacity, tab.block_rows, tab.max_block_rows)
-    assert target == 64
+    assert target == want
     sizes = [b.n for b in tab.blocks]
-    assert sizes[:-1] == [target] * (len(sizes) - 1) and sizes[-1] in (32, 64), sizes
+    full = [n for n in sizes if n == target]
+    tail = sizes[len(full):]  # the newest sealed blocks, waiting until they add up to a merged one
+    assert sizes[:len(full)] == full and all(n == 32 for n in tail) and sum(tail) < target, sizes
     held = sum(sizes) + tab.hot_n
     assert tab.capacity <= held < tab.capacity + target  # whole blocks expire: at most one merged block more
     cols = np.array([tab.col_of[("m", (("c", str(c)),))] for c in range(40)])

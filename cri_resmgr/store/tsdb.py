@@ -686,12 +686,11 @@ COMPACT_SHARE = 8
 
 def compact_rows_for(capacity: int, block_rows: int, limit: int = BLOCK_ROWS) -> int:
     """Rows of a merged sealed block of a table of ``capacity`` rows whose hot block holds ``block_rows``: the
-    largest power of two up to ``limit`` and capacity / COMPACT_SHARE, and never fewer than ``block_rows``
-    (no merging)."""
-    rows = block_rows
-    while rows * 2 <= min(limit, capacity // COMPACT_SHARE):
-        rows *= 2
-    return rows
+    largest multiple of ``block_rows`` up to ``limit`` and capacity / COMPACT_SHARE, and never fewer than
+    ``block_rows`` (no merging). A multiple, not a power of two: an hour of the cgroup table at 5 s (721 rows)
+    then merges into blocks of 88 rows, not 64, and each block's per-column cost (a first value, group and place:
+    11 bytes for each of 13,000 series at 1,000 containers) is paid ~8 times over the retention, not ~11."""
+    return max(block_rows, min(limit, capacity // COMPACT_SHARE) // block_rows * block_rows)
 
 
 def block_rows_for(columns: int, limit: int = BLOCK_ROWS) -> int:
