@@ -123,13 +123,17 @@ class RunError(ValueError):
     """A saved run that cannot be pooled: the message names the file and what is wrong with it."""
 
 
+def _check_format(doc: Any, name: str) -> None:
+    if not isinstance(doc, Mapping) or doc.get("format") != RUN_FORMAT:
+        raise RunError(f"{name}: not a relay_bench.py --save file of format {RUN_FORMAT}")
+
+
 def run_ratios(doc: Any, name: str, baseline: str = "direct") -> dict[str, list[float]]:
     """One saved run's paired ratios, target / baseline - 1 of whole lifecycles (the sum of a lifecycle's calls),
     per target other than the baseline, in the order run. A baseline other than direct (``--baseline alt2``)
     compares two relay trees that ran in the same kind of slot, each lifecycle with the other's of the same round
     and place in the block."""
-    if not isinstance(doc, Mapping) or doc.get("format") != RUN_FORMAT:
-        raise RunError(f"{name}: not a relay_bench.py --save file of format {RUN_FORMAT}")
+    _check_format(doc, name)
     per = doc.get("lifecycles")
     if not isinstance(per, Mapping) or baseline not in per:
         raise RunError(f"{name}: no {baseline} lifecycles to pair with")
@@ -152,8 +156,7 @@ def run_ratios(doc: Any, name: str, baseline: str = "direct") -> dict[str, list[
 def run_calls(doc: Any, name: str, baseline: str = "direct") -> dict[str, dict[str, list[float]]]:
     """One saved run's phase 2 calls: method -> target -> seconds of each call, in round order; every target of
     a method with as many calls as the baseline."""
-    if not isinstance(doc, Mapping) or doc.get("format") != RUN_FORMAT:
-        raise RunError(f"{name}: not a relay_bench.py --save file of format {RUN_FORMAT}")
+    _check_format(doc, name)
     calls = doc.get("calls")
     if not isinstance(calls, Mapping) or not calls:
         raise RunError(f"{name}: no phase 2 calls (run relay_bench.py with --phases including 2 and --save)")

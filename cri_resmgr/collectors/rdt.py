@@ -317,11 +317,11 @@ def estimate_bytes(seen: np.ndarray, scale: np.ndarray, watched: np.ndarray) -> 
     """``seen`` bytes scaled by ``scale`` (elapsed / watched seconds, 1 for a container watched all along), in
     whole bytes: what a watched container's groups counted, exactly. An extrapolated one (scale > 1) grows every
     run by seen / watched × the run's elapsed time, which jitters by the thread's wake-up (~0.1-1 ms in 2 s): in
-    whole bytes those steps differ in their low three bytes from run to run and cost the store ~4-5 bytes a row
-    each (6.5 of the 14.7 MiB a 1,000-container store held at full retention, stop 34). Rounded down to a unit
-    of a power of two no larger than 1/ESTIMATE_UNIT_SHARE of the container's bytes per watched second, the
-    steps differ by a few units, a byte a row, and the estimate moves by less than 1 % of one second's
-    growth: far inside what extrapolating from the watched time can know."""
+    whole bytes those steps differ in their low bytes from run to run, and the store's codec keeps two or more
+    bytes a row for them. Rounded down to a unit of a power of two no larger than 1/ESTIMATE_UNIT_SHARE of the
+    container's bytes per watched second, the steps differ by a few units, a byte a row (tests/test_rdt.py), and
+    the estimate moves by less than 1 % of one second's growth: far inside what extrapolating from the watched
+    time can know."""
     est = np.floor(seen * scale)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         rate = np.where(watched > 0, seen / watched, 0.0)

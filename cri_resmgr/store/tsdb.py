@@ -543,8 +543,8 @@ def _decode_one(b: Block, col: int, out: np.ndarray) -> None:
     grouping work."""
     x = out.view(np.uint64)
     g = int(b.gid[col])
-    if g == _SPARSE:
-        _decode(b, np.array([col]), out[None], one=False)
+    if g == _SPARSE:  # (placed by _Sparse.place, as in a read of several columns)
+        _decode(b, np.array([col]), out[None])
         return
     if g < 0:  # constant over the block
         x[:] = b.first[col]
@@ -560,9 +560,9 @@ def _decode_one(b: Block, col: int, out: np.ndarray) -> None:
         _undelta(x, b.base[b.boff[g] + int(b.pos[col])], group[3], out)
 
 
-def _decode(b: Block, cols: np.ndarray, out: np.ndarray, one: bool = True) -> None:
+def _decode(b: Block, cols: np.ndarray, out: np.ndarray) -> None:
     n, k = b.n, len(cols)
-    if k == 1 and one:
+    if k == 1 and b.gid[cols[0]] != _SPARSE:
         _decode_one(b, int(cols[0]), out[0])
         return
     x = out.view(np.uint64)  # (k, n); rows may be slices of a longer matrix
