@@ -92,14 +92,13 @@ def serve(port_file: Path) -> None:
     import uvicorn
 
     from cri_resmgr.web.app import create_app
+    from cri_resmgr.web.server import config
 
     tmp = Path(tempfile.mkdtemp(prefix="heatmap-bench-"))
     t = time.perf_counter()
     agent = build_agent(tmp)
     built = time.perf_counter() - t
-    config = uvicorn.Config(create_app(agent), host="127.0.0.1", port=0, log_level="warning", access_log=False,
-                            lifespan="off")
-    server = uvicorn.Server(config)
+    server = uvicorn.Server(config(create_app(agent), "127.0.0.1", 0, "warning"))
 
     async def main():
         await server.serve(sockets=[sock])

@@ -18,12 +18,10 @@ log = logging.getLogger("cri_resmgr")
 def serve(cfg: Config, config_path: Path | None, flags: dict) -> ExitCode:
     """Start the agent, serve HTTP on ``cfg.listen``, stop the agent (checkpoint included) on the way out."""
     logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    import uvicorn
-
     from .agent import Agent
     from .runfiles import AlreadyRunning
     from .web.app import create_app
-    from .web.server import Server
+    from .web.server import Server, config
 
     agent = Agent(cfg, config_path, flags=flags)
     try:
@@ -53,9 +51,7 @@ def serve(cfg: Config, config_path: Path | None, flags: dict) -> ExitCode:
     # Heavy queries run in worker threads and hold the GIL in turns; the event loop that answers /healthz and
     # /metrics waits for each turn. Shorter turns (default 5 ms) keep it answering under load (issue 12).
     sys.setswitchinterval(0.001)
-    ucfg = uvicorn.Config(create_app(agent, check_host=True), host=host, port=port, log_level=cfg.log_level,
-                          access_log=False, lifespan="off")
-    server = Server(ucfg)
+    server = Server(config(create_app(agent, check_host=True), host, port, cfg.log_level))
     log.info("cri-resmgr %s on node %s listening on http://%s:%d", __version__, cfg.node_name, host, port)
     try:
         server.run()

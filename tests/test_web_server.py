@@ -3,7 +3,9 @@ not wait for the tick, and the Date header still refreshed. A real uvicorn on a 
 
 from __future__ import annotations
 
+import asyncio
 import email.utils
+import os
 import socket
 import threading
 import time
@@ -13,10 +15,13 @@ import pytest
 
 from cri_resmgr.web import server as web_server
 
+_loops: list[str] = []  # the module of the event loop each request was served on
+
 
 async def _app(scope, receive, send):
     if scope["type"] != "http":
         return
+    _loops.append(type(asyncio.get_running_loop()).__module__)
     await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
     await send({"type": "http.response.body", "body": b"ok"})
 
@@ -31,13 +36,11 @@ class _Counting(web_server.Server):
 
 @pytest.fixture
 def running():
-    import uvicorn
-
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     _Counting.ticks = 0
-    srv = _Counting(uvicorn.Config(_app, host="127.0.0.1", port=port, log_level="warning", lifespan="off"))
+    srv = _Counting(web_server.config(_app, "127.0.0.1", port, "warning"))
     th = threading.Thread(target=srv.run, daemon=True)
     th.start()
     deadline = time.monotonic() + 20
@@ -86,3 +89,25 @@ def test_the_date_header_is_refreshed_every_second(running):
     d1 = email.utils.parsedate_to_datetime(later)
     assert 1 <= (d1 - d0).total_seconds() <= 4
     assert abs(d1.timestamp() - time.time()) < 2.5
+
+
+def _thread_names() -> list[str]:
+    out = []
+    for t in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{t}/comm") as f:
+                out.append(f.read().strip())
+        except OSError:  # the thread ended
+            pass
+    return out
+
+
+def test_the_api_is_served_on_asyncios_loop_without_libuvs_thread_pool(running):
+    # uvicorn would pick uvloop (installed for the relay); its address lookup starts libuv's four workers,
+    # which stay for the life of the process (~2 MB of RSS with their arenas)
+    pytest.importorskip("uvloop")
+    _, _, port = running
+    _loops.clear()
+    assert _get(port)[0] == 200
+    assert _loops == ["asyncio.unix_events"]
+    assert "libuv-worker" not in _thread_names()
