@@ -2,7 +2,6 @@
 
 import os
 import shutil
-from collections import deque
 
 import pytest
 
@@ -126,7 +125,7 @@ def test_attribution_mode_follows_the_layout(tmp_path):
 
 
 def test_ratio_window_uses_the_increase_over_the_window():
-    w = RatioWindow(deque([(0.0, 0, 0)]))
+    w = RatioWindow([(0.0, 0, 0)])
     assert w.update(1.0, 90, 100, window=10) == pytest.approx(0.9)  # since attach
     assert w.update(5.0, 95, 200, window=10) == pytest.approx(95 / 200)
     assert w.update(12.0, 95, 300, window=10) == pytest.approx(5 / 200)  # base moved to t=1 (older than 10 s)

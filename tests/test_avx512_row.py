@@ -6,7 +6,6 @@ import os
 import random
 import shutil
 import uuid
-from collections import deque
 
 import numpy as np
 import pytest
@@ -66,7 +65,7 @@ def reference(windows, active, totals, cids, t, cfg):
     out = {}
     for cid in cids:
         total = totals.get(cid, Counts())
-        win = windows.setdefault(cid, RefWindow(deque([(0.0, 0, 0)])))
+        win = windows.setdefault(cid, RefWindow([(0.0, 0, 0)]))
         ratio = win.update(t, total.avx512_switches, total.switches, cfg.window_seconds)
         active[cid] = next_active(active.get(cid, False), ratio, cfg.active_threshold, cfg.active_hysteresis)
         out[cid] = (float(total.avx512_switches), float(total.switches), ratio, 1.0 if active[cid] else 0.0)

@@ -1,3 +1,4 @@
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -170,6 +171,39 @@ def test_containers_in_scanned_paths_equal_a_walk(tmp_path: Path):
     walked = sorted(find_containers(tmp_path), key=key)
     assert len(walked) == len(PATHS)
     assert sorted(containers_in(scan_cgroup_ids(tmp_path).values()), key=key) == walked
+
+
+def test_the_same_container_found_by_two_discoveries_is_one_identity_held_weakly(tmp_path: Path):
+    # the cgroup collector walks its hierarchy, the AVX-512 collector the v2 tree and its cgroup-id scan: each
+    # is handed the identity (and label set) another holds, and a container no one holds any longer is let go
+    import gc
+
+    from cri_resmgr.collectors import identity
+    from cri_resmgr.collectors.cgroup import containers_in
+    from cri_resmgr.collectors.cgroup_ids import scan_cgroup_ids
+
+    own = "fedcba9876543210" * 4  # paths no other test parses (their identities may still be held elsewhere)
+    cases = [path.replace(CID, own) for path, _, _ in PATHS.values()]
+    for path in cases:
+        make_v2(tmp_path / "v2", path, Values())
+        make_v1(tmp_path / "v1", path, Values())
+    key = lambda i: i.cgroup_path  # noqa: E731
+    v1 = sorted(find_containers(tmp_path / "v1" / "cpu"), key=key)
+    v2 = sorted(find_containers(tmp_path / "v2"), key=key)
+    scanned = sorted(containers_in(scan_cgroup_ids(tmp_path / "v2").values()), key=key)
+    assert len(v1) == len(cases)
+    assert all(a is b is c for a, b, c in zip(v1, v2, scanned, strict=True))
+    ident = v1[0]
+    assert ident.labels() is v2[0].labels()
+    assert dict(ident.labels()) == {"namespace": "", "pod": "", "container": "", "container_id": own,
+                                    "pod_uid": UID, "qos_class": ident.qos_class}
+    named = dataclasses.replace(ident, name="web", pod="p", namespace="ns")
+    assert dict(named.labels()) == {**dict(ident.labels()), "container": "web", "pod": "p", "namespace": "ns"}
+    paths = [i.cgroup_path for i in v1]
+    assert all(p in identity._BY_PATH for p in paths)
+    del v1, v2, scanned, ident, named
+    gc.collect()
+    assert not any(p in identity._BY_PATH for p in paths)
 
 
 def test_runtime_names_refresh_early_once_per_new_id_then_only_periodically(tmp_path: Path):

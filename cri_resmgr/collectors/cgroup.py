@@ -447,7 +447,7 @@ PROBE_POSITIONS = {2: (0, 3), 1: (0, 4)}
 @dataclass
 class _Tracked:
     ident: ContainerIdentity
-    labels: dict[str, str]
+    labels: Mapping[str, str]
     paths: tuple[str, ...]
     files: OpenFiles = field(default_factory=OpenFiles)
     keys: list[tuple[str, Mapping[str, str]]] = field(default_factory=list)  # its series, in _row's slot order

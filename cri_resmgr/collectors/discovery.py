@@ -98,6 +98,12 @@ class _Inotify:
         os.close(self.fd)
 
 
+def _key(rel: str, ident: ContainerIdentity) -> str:
+    """``rel`` as the key of a found container: the identity's own string where it is the same path (it is, but
+    for doubled slashes), so a path is held once, not once more per discovery."""
+    return ident.cgroup_path if ident.cgroup_path == rel else rel
+
+
 class ContainerDiscovery:
     """Kubernetes container cgroups under ``root`` (paths relative to it), kept current by inotify.
 
@@ -200,7 +206,7 @@ class ContainerDiscovery:
         if is_container_dir(name):
             ident = parse_container_path(rel)
             if ident is not None and rel not in self._found:
-                self._found[rel] = ident
+                self._found[_key(rel, ident)] = ident
                 self.generation += 1
             return
         depth = rel.count("/")
@@ -257,7 +263,7 @@ class ContainerDiscovery:
                     if sub not in into:
                         ident = parse_container_path(sub)
                         if ident is not None:
-                            into[sub] = ident
+                            into[_key(sub, ident)] = ident
                             if into is self._found:
                                 self.generation += 1
                     continue

@@ -10,12 +10,22 @@ name the leaf):
   then ``cri-containerd-<id>.scope``, ``crio-<id>.scope`` or ``docker-<id>.scope``.
 
 CRI-O also creates ``crio-conmon-<id>.scope`` for its monitor process; that is not a container.
+
+One object per container path: the collectors that discover containers (the cgroup collector in its hierarchy,
+the AVX-512 one in the v2 tree and from its cgroup-id scan) parse the same relative paths, and
+:func:`parse_container_path` hands each the identity another already holds. With the label set each
+identity keeps (:meth:`ContainerIdentity.labels`), a container's identity and labels are held once, not once
+per collector (docs/hardware-collectors.md, "Fixed costs and one identity per container").
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+import threading
+import weakref
+from dataclasses import dataclass, field
+
+from ..store.tsdb import LabelSet
 
 _POD = re.compile(
     r"(?:^|[-/])pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})(?:\.slice)?$"
@@ -25,7 +35,7 @@ _QOS = {"burstable": "Burstable", "besteffort": "BestEffort"}
 _RUNTIMES = {"cri-containerd": "containerd", "crio": "cri-o", "docker": "docker", None: "containerd"}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True, weakref_slot=True)
 class ContainerIdentity:
     container_id: str
     pod_uid: str
@@ -36,6 +46,7 @@ class ContainerIdentity:
     pod: str = ""
     namespace: str = ""
     annotations: tuple[tuple[str, str], ...] = ()  # cri-resource-manager ones of the pod and container (CRI)
+    _labels: LabelSet | None = field(default=None, init=False, repr=False, compare=False)
 
     def annotated(self, domain: str) -> str | None:
         """The value of ``<domain>/container.<name>``, else ``<domain>/pod`` (cri-resource-manager's
@@ -44,15 +55,19 @@ class ContainerIdentity:
         v = ann.get(f"{domain}/container.{self.name}") if self.name else None
         return v if v is not None else ann.get(f"{domain}/pod")
 
-    def labels(self) -> dict[str, str]:
-        return {
-            "namespace": self.namespace,
-            "pod": self.pod,
-            "container": self.name,
-            "container_id": self.container_id,
-            "pod_uid": self.pod_uid,
-            "qos_class": self.qos_class,
-        }
+    def labels(self) -> LabelSet:
+        """The container's labels, one set per identity for all its series and collectors (a mapping: ``{**l,
+        ...}`` adds to a copy)."""
+        got = self._labels
+        if got is None:
+            got = LabelSet({"namespace": self.namespace, "pod": self.pod, "container": self.name,
+                            "container_id": self.container_id, "pod_uid": self.pod_uid, "qos_class": self.qos_class})
+            object.__setattr__(self, "_labels", got)  # (frozen: set once, by whichever caller asks first)
+        return got
+
+
+_BY_PATH: weakref.WeakValueDictionary[str, ContainerIdentity] = weakref.WeakValueDictionary()
+_BY_PATH_LOCK = threading.Lock()  # (the collectors discover from their own threads)
 
 
 def parse_container_path(path: str) -> ContainerIdentity | None:
@@ -60,6 +75,10 @@ def parse_container_path(path: str) -> ContainerIdentity | None:
     parts = [p for p in path.strip("/").split("/") if p]
     if len(parts) < 2:
         return None
+    cgroup_path = "/" + "/".join(parts)
+    got = _BY_PATH.get(cgroup_path)
+    if got is not None:
+        return got
     m = _CONTAINER.match(parts[-1])
     if not m or "conmon" in parts[-1]:
         return None
@@ -75,13 +94,15 @@ def parse_container_path(path: str) -> ContainerIdentity | None:
         for key, cls in _QOS.items():
             if low == key or low.startswith(f"kubepods-{key}") or f"-{key}" in low.removesuffix(".slice"):
                 qos = cls
-    return ContainerIdentity(
+    ident = ContainerIdentity(
         container_id=m.group(2),
         pod_uid=uid,
         qos_class=qos,
         runtime=_RUNTIMES[m.group(1)],
-        cgroup_path="/" + "/".join(parts),
+        cgroup_path=cgroup_path,
     )
+    with _BY_PATH_LOCK:
+        return _BY_PATH.setdefault(cgroup_path, ident)
 
 
 def short_name(ident: ContainerIdentity) -> str:

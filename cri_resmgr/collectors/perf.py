@@ -40,6 +40,7 @@ import numpy as np
 from .. import metrics as M
 from ..config import PerfCollectorConfig
 from ..store import Columns, Sample
+from ..store.tsdb import LabelSet
 from ..sysfs import parse_flat_keyed, read_int, read_text
 from ..topology import Topology
 from . import perf_event as pe
@@ -128,9 +129,9 @@ class Watched:
     retired: dict[int, float] = field(default_factory=dict)  # counts of CPU groups closed on a cpuset change
     prev_totals: dict[int, float] | None = None
     retired_times_ns: tuple[int, int] = (0, 0)  # enabled/running of CPU groups closed on a cpuset change
-    keys: list[tuple[str, dict[str, str]]] | None = None  # its series in row slot order (see _ROW_SLOTS), built once
+    keys: list[tuple[str, Mapping[str, str]]] | None = None  # its series in row slot order (see _ROW_SLOTS), built once
     row: list[float] = field(default_factory=list)  # their values at the last read of its groups (NaN: none)
-    _labels: dict[str, dict[str, str]] = field(default_factory=dict)
+    _labels: dict[str, Mapping[str, str]] = field(default_factory=dict)
     usage_file: OpenFiles = field(default_factory=OpenFiles)  # the container's CPU usage file, kept open
     usage_path: str = ""  # its path ("" until known for the current cgroup layout)
     usage: bytes | None = None  # its text when the groups were last read
@@ -139,12 +140,13 @@ class Watched:
     times_ns: tuple[int, int] = (0, 0)  # enabled/running summed at that read
     n_fds: int = 0  # descriptors held (kept equal to ``fds``)
 
-    def labels(self, reason: str | None = None) -> dict[str, str]:
+    def labels(self, reason: str | None = None) -> Mapping[str, str]:
         """The container's labels (with an empty ``reason`` for perf_monitored), built once."""
         key = "" if reason is None else reason
         lab = self._labels.get(key)
         if lab is None:
-            lab = self._labels[key] = self.ident.labels() if reason is None else {**self.ident.labels(), reason: ""}
+            lab = self._labels[key] = (self.ident.labels() if reason is None
+                                       else LabelSet({**self.ident.labels(), reason: ""}))
         return lab
 
     @property
@@ -280,7 +282,7 @@ class PerfCollector(Collector):
         self._row: _Row | None = None
         self._cycle = 0  # runs so far
         self.idle_groups = 0  # watched containers whose groups the last run did not read (they did not run)
-        self._skipped_keys: dict[tuple[str, str], tuple[tuple[str, dict[str, str]], ContainerIdentity]] = {}
+        self._skipped_keys: dict[tuple[str, str], tuple[tuple[str, Mapping[str, str]], ContainerIdentity]] = {}
         self._node_keys: dict[tuple[str, tuple], tuple[str, Mapping[str, str]]] = {}
         self._idx_cycles: int | None = None
         self._idx_instr: int | None = None
@@ -641,7 +643,7 @@ class PerfCollector(Collector):
         self._fds_total = sum(w.n_fds for w in self.watched.values())
         return self._fill(now, layout)
 
-    def _keys_of(self, w: Watched) -> list[tuple[str, dict[str, str]]]:
+    def _keys_of(self, w: Watched) -> list[tuple[str, Mapping[str, str]]]:
         """A watched container's series in row slot order: one per configured event, then _ROW_SLOTS."""
         lab = w.labels()
         keys = []
@@ -652,13 +654,13 @@ class PerfCollector(Collector):
                        (M.CONTAINER_PERF_ENABLED.name, lab), (M.CONTAINER_PERF_RUNNING.name, lab),
                        (M.CONTAINER_PERF_DESCRIPTORS.name, lab)]
 
-    def _skipped_key(self, s: Skipped) -> tuple[str, dict[str, str]]:
+    def _skipped_key(self, s: Skipped) -> tuple[str, Mapping[str, str]]:
         got = self._skipped_keys.get((s.ident.container_id, s.reason))
         if got is None or got[1] is not s.ident:
             if len(self._skipped_keys) > 4 * max(1024, len(self.skipped)):
                 self._skipped_keys.clear()  # containers gone: start again
             got = self._skipped_keys[(s.ident.container_id, s.reason)] = (
-                (M.CONTAINER_PERF_MONITORED.name, {**s.ident.labels(), "reason": s.reason}), s.ident)
+                (M.CONTAINER_PERF_MONITORED.name, LabelSet({**s.ident.labels(), "reason": s.reason})), s.ident)
         return got[0]
 
     def _key(self, metric: str, labels: Mapping[str, str]) -> tuple[str, Mapping[str, str]]:

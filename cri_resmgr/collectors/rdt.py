@@ -53,6 +53,7 @@ import numpy as np
 from .. import metrics as M
 from ..config import RdtCollectorConfig
 from ..store import Columns, Sample
+from ..store.tsdb import LabelSet
 from ..sysfs import read_int, read_text
 from .base import Collector, CollectorUnavailable, Probe
 from .cgroup import CgroupCollector, CgroupLayout, OpenFiles, _ask, _Gone, _paths, _pread_or_none, detect_layout
@@ -192,7 +193,7 @@ class MonGroup:
     usage: bytes | None = None  # the container's CPU usage file as it read at the group's last counter read
     idle_runs: int = 0  # runs since that read (the counters not read: the container did not run)
     read_at: float = 0.0  # the time of that read
-    occupancy: list[tuple[tuple[str, dict[str, str]], float]] = field(default_factory=list)  # as last read
+    occupancy: list[tuple[tuple[str, Mapping[str, str]], float]] = field(default_factory=list)  # as last read
     usage_path: str = ""  # the container's CPU usage file ("" until known for the current cgroup layout)
     threads_path: str = ""  # its thread list, likewise
     reads: list[tuple[str, int, str]] | None = None  # (file, cache id, path) read every cycle
@@ -232,28 +233,28 @@ class Watch:
     idle_usage: float | None = None
     idle_at: float = 0.0
     ran_unwatched: bool = False
-    _labels: dict[tuple[str, str], dict[str, str]] = field(default_factory=dict)  # built once, reused
-    _keys: dict[tuple[str, str, str], tuple[str, dict[str, str]]] = field(default_factory=dict)  # likewise
+    _labels: dict[tuple[str, str], Mapping[str, str]] = field(default_factory=dict)  # built once, reused
+    _keys: dict[tuple[str, str, str], tuple[str, Mapping[str, str]]] = field(default_factory=dict)  # likewise
     # (key in observed, its bandwidth series key), in the order of observed; rebuilt when observed grows
-    _bw: list[tuple[tuple[str, int], tuple[str, dict[str, str]]]] = field(default_factory=list)
+    _bw: list[tuple[tuple[str, int], tuple[str, Mapping[str, str]]]] = field(default_factory=list)
 
     def rename(self, ident: ContainerIdentity) -> None:
         """The container's names arrived from the runtime: its series keys are made again."""
         self.ident, self._labels, self._keys, self._bw = ident, {}, {}, []
 
-    def bandwidth_items(self) -> list[tuple[tuple[str, int], tuple[str, dict[str, str]]]]:
+    def bandwidth_items(self) -> list[tuple[tuple[str, int], tuple[str, Mapping[str, str]]]]:
         if len(self._bw) != len(self.observed):
             self._bw = [(k, self.bandwidth_key(k)) for k in self.observed]
         return self._bw
 
-    def labels_with(self, k: str, v: str) -> dict[str, str]:
+    def labels_with(self, k: str, v: str) -> Mapping[str, str]:
         lab = self._labels.get((k, v))
         if lab is None:
             base = self.ident.labels()
-            lab = self._labels[(k, v)] = {**base, k: v} if k else base
+            lab = self._labels[(k, v)] = LabelSet({**base, k: v}) if k else base
         return lab
 
-    def key(self, metric: str, k: str, v: str) -> tuple[str, dict[str, str]]:
+    def key(self, metric: str, k: str, v: str) -> tuple[str, Mapping[str, str]]:
         """The series key ``(metric, labels)`` with one extra label (none when ``k`` is ""), the same tuple
         object every run (the store's column plan is matched by identity)."""
         got = self._keys.get((metric, k, v))
@@ -261,7 +262,7 @@ class Watch:
             got = self._keys[(metric, k, v)] = (metric, self.labels_with(k, v))
         return got
 
-    def bandwidth_key(self, key: tuple[str, int]) -> tuple[str, dict[str, str]]:
+    def bandwidth_key(self, key: tuple[str, int]) -> tuple[str, Mapping[str, str]]:
         """The key of the bandwidth series of ``(file, cache id)``, the same tuple every run."""
         got = self._keys.get((M.CONTAINER_MEMORY_BANDWIDTH.name, key[0], str(key[1])))
         if got is None:
@@ -269,11 +270,12 @@ class Watch:
                 M.CONTAINER_MEMORY_BANDWIDTH.name, self.bandwidth_labels(key))
         return got
 
-    def bandwidth_labels(self, key: tuple[str, int]) -> dict[str, str]:
+    def bandwidth_labels(self, key: tuple[str, int]) -> Mapping[str, str]:
         k = ("scope/cache_id", f"{MBM_FILES[key[0]]}/{key[1]}")
         lab = self._labels.get(k)
         if lab is None:
-            lab = self._labels[k] = {**self.ident.labels(), "scope": MBM_FILES[key[0]], "cache_id": str(key[1])}
+            lab = self._labels[k] = LabelSet({**self.ident.labels(), "scope": MBM_FILES[key[0]],
+                                              "cache_id": str(key[1])})
         return lab
 
     def lost_group(self, usage: float | None = None, at: float = 0.0) -> None:
@@ -360,7 +362,7 @@ class _Row:
     tail_keys: list[tuple[str, Mapping[str, str]]]
     unmonitored: dict[str, tuple[ContainerIdentity, str]]  # as laid out
 
-    def read(self, cid: str, w: Watch, occupancy: list[tuple[tuple[str, dict[str, str]], float]]) -> None:
+    def read(self, cid: str, w: Watch, occupancy: list[tuple[tuple[str, Mapping[str, str]], float]]) -> None:
         """The counters of ``cid``'s group were read (its series the same as laid out)."""
         at = self.occ_at[cid]
         for k, (_key, v) in enumerate(occupancy):
@@ -496,7 +498,7 @@ class RdtCollector(Collector):
         self.read_log: list[list[str]] | None = None
         self._keys: dict[tuple[str, tuple], tuple[str, Mapping[str, str]]] = {}  # node-level series keys
         # (container id, reason) -> (key of its rdt_monitored 0 series, the identity it was made for)
-        self._unmonitored_keys: dict[tuple[str, str], tuple[tuple[str, dict[str, str]], ContainerIdentity]] = {}
+        self._unmonitored_keys: dict[tuple[str, str], tuple[tuple[str, Mapping[str, str]], ContainerIdentity]] = {}
         # What is looked at again only every STATIC_REFRESH_SECONDS (or when a group of ours went missing):
         # (resctrl info, cgroup layout, L3 domain ids), and when that was read.
         self._static: tuple[ResctrlInfo, CgroupLayout, list[int]] | None = None
@@ -1209,7 +1211,8 @@ class RdtCollector(Collector):
                                         else "idle" if reason == IDLE_REASON else "mkdir_failed")
             got = unmon.get((cid, code))
             if got is None or got[1] is not ident:
-                got = unmon[(cid, code)] = ((M.CONTAINER_RDT_MONITORED.name, {**ident.labels(), "reason": code}), ident)
+                got = unmon[(cid, code)] = ((M.CONTAINER_RDT_MONITORED.name,
+                                             LabelSet({**ident.labels(), "reason": code})), ident)
             keys.append(got[0])
         values = [0.0] * len(keys) + [math.nan] * len(tail_keys)
         keys += tail_keys
