@@ -77,6 +77,10 @@ def test_incremental_checkpoints_restore_exactly_what_a_full_one_does(tmp_path):
     # the keys are encoded again only when a table's series changed
     cp.save(s, inc)
     assert (cp.last.blocks_written, cp.last.keys_encoded) == (0, 0)
+    assert everything(restored(inc)) == everything(s)  # the keys written from the checkpointer's deflated copy
+    with s.lock:
+        encoded = {n: len(checkpoint.encode_keys(t.keys)) for n, t in s.tables.items()}
+    assert all(len(cp._keys[n][2]) < size for n, size in encoded.items()), (encoded, cp._keys)
     # segments whose blocks all expired are gone; the rest are named by the manifest
     with s.lock:
         live = sum(len(t.blocks) for t in s.tables.values())

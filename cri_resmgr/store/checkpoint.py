@@ -24,6 +24,7 @@ import logging
 import os
 import threading
 import time
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -138,8 +139,11 @@ class Checkpointer:
         self._lock = threading.Lock()
         # block (hashed by identity) -> (segment file name, array prefix) of the blocks that live in a segment
         self._on_disk: dict[Block, tuple[str, str]] = {}
-        # table name -> (table, keys_version, encoded keys)
-        self._keys: dict[str, tuple[Table, int, np.ndarray]] = {}
+        # table name -> (table, keys_version, encoded keys deflated): what the next checkpoint writes of a table
+        # whose keys did not change. Deflated, as the keys of a pod's series repeat its labels: at 1,000
+        # containers the cgroup table's 0.9 MB of JSON take ~0.1 MB, and inflating them again ~1 ms a checkpoint
+        # (encoding them anew: ~15 ms)
+        self._keys: dict[str, tuple[Table, int, bytes]] = {}
         self.last = SaveStats()
 
     def save(self, store: Store, state_dir: Path) -> Path:
@@ -149,11 +153,11 @@ class Checkpointer:
     def _keys_of(self, tab: Table, version: int, keys: list | None) -> np.ndarray:
         """The encoded keys of a table; ``keys`` is None when ``version`` is the one cached."""
         if keys is None:  # (decided under the store's lock with the cache entry in hand)
-            return self._keys[tab.name][2]
-        arr = np.frombuffer(encode_keys(keys), dtype=np.uint8)
-        self._keys[tab.name] = (tab, version, arr)
+            return np.frombuffer(zlib.decompress(self._keys[tab.name][2]), dtype=np.uint8)
+        data = encode_keys(keys)
+        self._keys[tab.name] = (tab, version, zlib.compress(data, 1))
         self.last.keys_encoded += 1
-        return arr
+        return np.frombuffer(data, dtype=np.uint8)
 
     def _save(self, store: Store, state_dir: Path) -> Path:
         self.last = stats = SaveStats()
