@@ -15,6 +15,9 @@ from . import __version__
 from .config import ConfigError, load_config
 from .exitcode import ExitCode
 
+# (not __doc__'s first line: ``python -OO``, which drops docstrings, is a way to run the agent in less memory)
+DESCRIPTION = "Command line: ``cri-resmgr run|relay|nri|topology|config|demo|fixture``."
+
 
 def _common_config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", type=Path, help="YAML configuration file (see README, 'Configuration')")
@@ -126,7 +129,7 @@ class _VersionAction(argparse.Action):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="cri-resmgr", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="cri-resmgr", description=DESCRIPTION)
     p.add_argument("--version", action=_VersionAction, help="print the version and which optional parts are present")
     sub = p.add_subparsers(dest="cmd", required=True)
     # Subcommands that read the configuration: name, help, handler.
