@@ -115,6 +115,33 @@ def test_files_are_kept_open_and_reread_and_closed_with_their_container(tmp_path
     col.close()
 
 
+def test_kept_open_files_are_each_containers_own_under_shared_path_templates(tmp_path: Path):
+    # The descriptors are keyed by one tuple of path templates for all containers (not ~8 paths of ~150
+    # characters held per container); each descriptor is, as the kernel says, the file of its own container.
+    from cri_resmgr.collectors.cgroup import _templates
+
+    made = [_rel(q) for q in ("burstable", "besteffort", "burstable")]
+    for i, (_cid, rel) in enumerate(made):
+        make_v2(tmp_path, rel, Values(usage_ns=(i + 1) * 1_000_000_000))
+    col = CgroupCollector(tmp_path)
+    s = col.collect(0.0)
+    tracked = list(col._tracked.values())
+    assert len(tracked) == 3
+    assert all(t.paths is _templates(col._layout, col.cfg.pressure) for t in tracked)
+    for t in tracked:
+        assert t.files.fds and all(k in t.paths for k in t.files.fds)
+        for key, fd in t.files.fds.items():
+            real = os.readlink(f"/proc/self/fd/{fd}")
+            assert real == os.path.realpath(t.files.path_of(key)), (key, real)
+            assert real.startswith(f"{tmp_path}{t.ident.cgroup_path}/")
+    usage = {x.labels["container_id"]: x.value for x in s if x.metric == M.CONTAINER_CPU_USAGE.name}
+    assert usage == {cid: float(i + 1) for i, (cid, _) in enumerate(made)}
+    col.read_log = []
+    col.collect(1.0)
+    assert col.read_log[0] and all(os.path.isfile(p) for p in col.read_log[0])  # the log names real files
+    col.close()
+
+
 def _containers(root: Path, n: int) -> list[tuple[str, str]]:
     """``n`` v2 fixture containers under ``root``, the i-th having used i + 1 CPU seconds: (id, relative path)."""
     out = [_rel() for _ in range(n)]

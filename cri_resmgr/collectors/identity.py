@@ -25,7 +25,7 @@ import threading
 import weakref
 from dataclasses import dataclass, field
 
-from ..store.tsdb import LabelSet
+from ..store import LabelSet
 
 _POD = re.compile(
     r"(?:^|[-/])pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})(?:\.slice)?$"

@@ -39,8 +39,7 @@ import numpy as np
 
 from .. import metrics as M
 from ..config import PerfCollectorConfig
-from ..store import Columns, Sample
-from ..store.tsdb import LabelSet
+from ..store import Columns, LabelSet, Sample
 from ..sysfs import parse_flat_keyed, read_int, read_text
 from ..topology import Topology
 from . import perf_event as pe

@@ -52,8 +52,7 @@ import numpy as np
 
 from .. import metrics as M
 from ..config import RdtCollectorConfig
-from ..store import Columns, Sample
-from ..store.tsdb import LabelSet
+from ..store import Columns, LabelSet, Sample
 from ..sysfs import read_int, read_text
 from .base import Collector, CollectorUnavailable, Probe
 from .cgroup import CgroupCollector, CgroupLayout, OpenFiles, _ask, _Gone, _paths, _pread_or_none, detect_layout
