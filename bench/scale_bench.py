@@ -240,13 +240,15 @@ def _decimal_scale(v: np.ndarray) -> int | None:
     return None
 
 
-def fill_to_retention(store) -> dict[str, str]:
+def fill_to_retention(store, past: float = 0.0, each=None) -> dict[str, str]:
     """Write rows into every table of ``store`` through the agent's own write path (``Store.append_columns``), at
     the table's interval on a clock running ahead of the wall clock, until each holds its full retention: the
     store as it is after an hour, without waiting the hour. The values continue the rows the agent collected: each
     series takes its own real steps again, in the order they came (a counter keeps counting at its measured pace,
     a series not written in a real row is not written in the copy of that row), in integers of its decimal scale
-    when all its values have one (so a counter in µs stays exact, as the collectors' values are), else in floats."""
+    when all its values have one (so a counter in µs stays exact, as the collectors' values are), else in floats.
+    ``past``: go on for that many retentions more, calling ``each(name, table)`` after every row written then (for
+    what a table holds over time: bench/retention_bench.py)."""
     from cri_resmgr.store import tsdb
     from cri_resmgr.store.tsdb import Columns
 
@@ -271,20 +273,23 @@ def fill_to_retention(store) -> dict[str, str]:
         cur = np.nan_to_num(k[-1])
         t = float(ts[-1])
         target = tab.capacity + merged_rows(tab)
-        for j in range(target):
+        more = int(past * tab.capacity)
+        for j in range(target + more):
             i = j % len(steps)
             cur = cur + steps[i]
             vals = np.where(exact, cur / mult, cur)
             vals[np.isnan(real[i + 1])] = np.nan
             t += interval
             store.append_columns(name, t, Columns(keys, vals), interval)
+            if j >= target and each is not None:
+                each(name, tab)
         # The store's column plan holds the last keys list written (append_columns): here the fill's, label dicts
         # made for the fill, which the agent does not have (its plan holds the collector's own list). Let go of it,
         # or the RSS after the fill counts them (7 MB at 1,000 containers).
         getattr(store, "_plans", {}).pop(name, None)
         held = tab.seq - (tab.blocks[0].seq0 if tab.blocks else tab.seq - tab.hot_n)
-        out[name] = (f"{len(cols)} series, {target} rows written at {interval:g} s, {held} held for a capacity of "
-                     f"{tab.capacity}, {tab.nbytes() / 2**20:.1f} MiB")
+        out[name] = (f"{len(cols)} series, {target + more} rows written at {interval:g} s, {held} held for a "
+                     f"capacity of {tab.capacity}, {tab.nbytes() / 2**20:.1f} MiB")
     return out
 
 

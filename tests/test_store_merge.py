@@ -203,8 +203,8 @@ def test_a_wide_table_merges_its_sealed_blocks_and_keeps_at_most_an_eighth_past_
     assert target == want
     sizes = [b.n for b in tab.blocks]
     full = [n for n in sizes if n == target]
-    tail = sizes[len(full):]  # the newest sealed blocks, waiting until they add up to a merged one
-    assert sizes[:len(full)] == full and all(n == 32 for n in tail) and sum(tail) < target, sizes
+    tail = sizes[len(full):]  # the newest sealed block, growing by each block sealed after it until it is full
+    assert sizes[:len(full)] == full and len(tail) <= 1 and all(n % 32 == 0 and n < target for n in tail), sizes
     held = sum(sizes) + tab.hot_n
     assert tab.capacity <= held < tab.capacity + target  # whole blocks expire: at most one merged block more
     cols = np.array([tab.col_of[("m", (("c", str(c)),))] for c in range(40)])

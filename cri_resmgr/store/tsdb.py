@@ -670,15 +670,19 @@ BLOCK_ROWS = 256  # rows per sealed block; the newest rows (up to this many) sta
 # A wide table (a high-cardinality source: 1,000 containers × 13 series) seals sooner, so that its hot block
 # stays near HOT_BLOCK_BYTES instead of 256 rows × 8 bytes per series: at 13 k series that is 27 MB of
 # uncompressed float64 against ~1 MB (2 MB before; docs/hardware-collectors.md, "Agent memory at 1,000 containers").
-# Never fewer than MIN_BLOCK_ROWS rows: the small blocks are merged (below), but until then each costs ~11-19 bytes
-# per column (first value, group, position). 8, not 16: the cgroup table at 1,000 containers (16,384 columns) then
-# keeps a hot block of 1 MiB instead of 2, and the 8-row blocks waiting for their merge cost less than that: over a
-# simulated hour past the retention (a restored scale_bench checkpoint, rows at the agent's intervals) the three
-# wide tables held 13.71 MiB on average (max 14.46) against 14.23 (max 14.76).
+# Never fewer than MIN_BLOCK_ROWS rows: each sealed block is merged at once into the one before it (below), but
+# that block costs ~11-19 bytes per column (first value, group, position) until it is full. 8, not 16: the cgroup
+# table at 1,000 containers (16,384 columns) then keeps a hot block of 1 MiB instead of 2 (figures from before, when
+# small blocks still waited to be merged together: over a simulated hour past the retention the three wide tables
+# held 13.71 MiB on average, max 14.46, against 14.23, max 14.76).
 HOT_BLOCK_BYTES = 1 << 20
 MIN_BLOCK_ROWS = 8
-# ... and its sealed blocks are merged, once enough of them follow each other, into one of up to BLOCK_ROWS rows
-# (:func:`merge_blocks`): the per-column cost of a block is then paid once per up to 256 rows, not per 16 or 32.
+# ... and each block it seals is merged into the newest sealed one until that holds compact_rows_for rows, up to
+# BLOCK_ROWS (:func:`merge_blocks`, :meth:`Table.merge_tail`): the per-column cost of a block is then paid once per
+# up to 256 rows, not per 8 or 32, and only the one growing block pays it for fewer. Before, the small blocks
+# waited until they added up to a merged one: over an hour past the retention (bench/retention_bench.py, a
+# scale_bench checkpoint at 1,000 containers) the tables held 6.37 MiB on average (6.57 at most) against 7.11
+# (8.06), for ~1.3 s more CPU an hour (each merge codes the growing block again).
 # A block is dropped whole once all its rows are past the retention, so a merged block holds at most
 # 1/COMPACT_SHARE of the table's capacity: the rows kept past the retention stay under that share.
 COMPACT_SHARE = 8
@@ -849,16 +853,17 @@ class Table:
             self.replace_merged(tail, merge_blocks(tail, max(b.ncols for b in tail)))
 
     def merge_tail(self) -> list[Block] | None:
-        """The newest sealed blocks smaller than :func:`compact_rows_for`, oldest first, when they add up to it."""
-        target = compact_rows_for(self.capacity, self.block_rows, self.max_block_rows)
-        rows = k = 0
-        for b in reversed(self.blocks):
-            if b.n >= target:
-                break
-            rows, k = rows + b.n, k + 1
-        if k < 2 or rows < target:
+        """The two newest sealed blocks, oldest first, when both are smaller than :func:`compact_rows_for` and
+        together no larger: each newly sealed block is merged at once into the one growing before it, so that at
+        most one block short of that size is held, not up to ``target / block_rows - 1`` small ones (each small
+        block pays the per-column cost of a whole one: 11 bytes for each of 13,000 series at 1,000 containers)."""
+        if len(self.blocks) < 2:
             return None
-        return list(self.blocks)[-k:]
+        target = compact_rows_for(self.capacity, self.block_rows, self.max_block_rows)
+        prev, new = self.blocks[-2], self.blocks[-1]
+        if prev.n >= target or prev.n + new.n > target:
+            return None
+        return [prev, new]
 
     def replace_merged(self, tail: list[Block], merged: Block) -> bool:
         """Put ``merged`` in the place of the blocks ``tail`` (consecutive, by identity); False when they are no
