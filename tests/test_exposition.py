@@ -145,10 +145,10 @@ def _uncached_render(s: Store, direct_samples) -> bytes:
         return ([p for p in labels if p[0] in M.CONTAINER_LABELS]
                 + [p for p in labels if p[0] not in M.CONTAINER_LABELS])
 
-    live = {id(ref): v for ref, _, v in s.latest()}
+    live = {ref: v for ref, _, v in s.latest()}  # (SeriesRefs are values: equal for the same series)
     out = []
     for metric, refs in s.series_by_metric().items():
-        rows = [(order(ref.labels), live[id(ref)]) for ref in refs if id(ref) in live]
+        rows = [(order(ref.labels), live[ref]) for ref in refs if ref in live]
         if rows:
             out.append(format_family(M.spec_of(metric), rows))
     grouped: dict[str, list] = {}
@@ -188,8 +188,8 @@ def test_exposition_is_byte_identical_to_the_uncached_render_and_shares_label_te
     heads: dict = {}
     for _, runs in e._families():
         for run in runs:
-            for ref, head in zip(run.refs, run.pieces[1::5], strict=True):
-                heads.setdefault(dict(ref.labels).get("container_id"), set()).add(id(head))
+            for labels, head in zip(run.labels, run.pieces[1::5], strict=True):
+                heads.setdefault(dict(labels).get("container_id"), set()).add(id(head))
     heads.pop(None)  # (the series without a container)
     assert len(heads) >= 8 and all(len(ids) == 1 for ids in heads.values())
 

@@ -1,7 +1,17 @@
 import numpy as np
 import pytest
 
-from cri_resmgr.store import QueryError, Sample, Store, checkpoint, heatmap, parse_matchers, query_range
+from cri_resmgr.store import (
+    Columns,
+    Matcher,
+    QueryError,
+    Sample,
+    Store,
+    checkpoint,
+    heatmap,
+    parse_matchers,
+    query_range,
+)
 from cri_resmgr.store.query import AGGS, _bucket_bounds
 
 # -- per-series references of the matrix versions the product uses (aggregate_matrix, rate_matrix) ------------------
@@ -361,3 +371,29 @@ def test_by_index_keeps_a_value_until_the_index_changes_and_a_bounded_number_of_
     for i in range(BY_INDEX_KEEP + 10):
         s.by_index(("other", i), lambda: 0)
     assert len(s._by_index) == BY_INDEX_KEEP and "n" not in s._by_index
+
+
+def test_the_index_holds_no_object_per_series_and_makes_refs_when_asked():
+    """The store and its exposition keep column numbers and the store's label tuples, not a SeriesRef per series
+    (at 20 k series the refs took ~1.5 MB); a reader still gets refs, equal for the same series."""
+    import gc
+
+    from cri_resmgr.export.exposition import Exposition
+    from cri_resmgr.store.tsdb import SeriesRef
+
+    s = Store(retention_seconds=600)
+    keys = [("m", {"container_id": f"c{i}"}) for i in range(500)] + [("n", {"cpu": str(i)}) for i in range(4)]
+    for r in range(3):
+        s.append_columns("t", 1000.0 + r, Columns(keys, np.arange(len(keys), dtype=float) + r), 1.0)
+    s.append("u", 1000.0, [Sample("n", {"cpu": "9"}, 7.0)], 1.0)  # the same metric in a second table
+    e = Exposition(s)
+    text = e.render().decode()
+    assert text.count("\nm{") == 500 and 'n{cpu="9"} 7.0' in text
+    gc.collect()
+    assert sum(type(o) is SeriesRef for o in gc.get_objects()) == 0
+    assert s.count("m") == 500 and s.count("n") == 5 and s.count("absent") == 0 and s.series_count == 505
+    refs = s.select("n")
+    want = [("t", (("cpu", str(i)),)) for i in range(4)] + [("u", (("cpu", "9"),))]
+    assert [(r.table, r.labels) for r in refs] == want
+    assert s.select("m", [Matcher("container_id", "=", "c7")]) == [SeriesRef("m", (("container_id", "c7"),), "t", 7)]
+    assert {ref for ref, _, _ in s.latest("n")} == set(refs)

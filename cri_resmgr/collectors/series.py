@@ -122,7 +122,7 @@ class Cardinality:
                     if fnmatch.fnmatchcase(name, pat):
                         drop.update(labels)
                 enabled = not any(fnmatch.fnmatchcase(name, pat) for pat in cfg.disable)
-                out.append(FamilyCardinality(name, len(self.store.select(name)), enabled, tuple(sorted(drop))))
+                out.append(FamilyCardinality(name, self.store.count(name), enabled, tuple(sorted(drop))))
             self._at, self._last = now, out
             return out
 

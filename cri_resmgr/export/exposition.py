@@ -28,7 +28,6 @@ if TYPE_CHECKING:  # the relay and the NRI plugin use the writers below without 
     import numpy as np
 
     from ..store import Store
-    from ..store.tsdb import SeriesRef
 
 
 @dataclass(frozen=True)
@@ -99,7 +98,7 @@ _STRIDE = 5  # pieces per line in _Run.pieces: name, label head, label tail, val
 
 @dataclass
 class _Run:
-    """Consecutive series of one metric that live in one table: their refs and columns, and their lines as last
+    """The series of one metric that live in one table: their label sets and columns, and their lines as last
     rendered from the values ``shown`` (a value is formatted again only when it changed). A line is kept as
     _STRIDE pieces in ``pieces`` (``_STRIDE * i`` onwards): the metric name, the label text in two parts
     (:class:`_LabelText`), the value and ``"\\n"``. The name is one string per metric and the label parts are
@@ -108,7 +107,7 @@ class _Run:
     shared parts ~0.3 MB. Before the first scrape a value is empty."""
 
     table: str
-    refs: list[SeriesRef]
+    labels: list[_Labels]  # the store's own tuples (one per label set)
     cols: np.ndarray
     pieces: list[str]
     shown: np.ndarray | None = None  # uint64 bit patterns of the values the lines hold; None: not rendered yet
@@ -197,33 +196,27 @@ class Exposition:
         store = self.store
         if self._plan is not None and self._plan[0] == store.index_version:
             return self._plan[1]
-        version, index = store.versioned_series()
-        old_runs = [] if self._plan is None else [r for _, runs in self._plan[1] for r in runs]
-        old = {(id(r.refs[0]), r.table): r for r in old_runs if r.refs}
+        version, index = store.versioned_columns()
+        old = {} if self._plan is None else {(metric, r.table): r for metric, runs in self._plan[1] for r in runs}
         text = self._labels
         # per label set (the store's one tuple per set, alive while ``index`` is): its parts, for this build only
         memo: dict[int, tuple[str, str]] = {}
         families = []
-        for metric, refs in index.items():
+        for metric, by_table in index.items():
             runs: list[_Run] = []
-            start = 0
-            for i in range(1, len(refs) + 1):
-                if i == len(refs) or refs[i].table != refs[start].table:
-                    part = refs[start:i]
-                    prev = old.get((id(part[0]), part[0].table))
-                    if prev is not None and prev.refs == part:
-                        runs.append(prev)  # the same series, in the same columns: its lines stay good
-                    else:
-                        pieces = [metric, "", "", "", "\n"] * len(part)
-                        parts = [memo.get(id(r.labels)) or memo.setdefault(id(r.labels), text.of(r.labels))
-                                 for r in part]
-                        pieces[1::_STRIDE] = [h for h, _ in parts]
-                        pieces[2::_STRIDE] = [t for _, t in parts]
-                        cols = np.fromiter((r.col for r in part), dtype=np.int64, count=len(part))
-                        runs.append(_Run(part[0].table, part, cols, pieces))
-                    start = i
+            for table, labels, cols in by_table:
+                prev = old.get((metric, table))
+                if prev is not None and np.array_equal(prev.cols, cols) and len(prev.labels) == len(labels) \
+                        and all(a is b for a, b in zip(prev.labels, labels, strict=True)):
+                    runs.append(prev)  # the same series, in the same columns: its lines stay good
+                else:
+                    pieces = [metric, "", "", "", "\n"] * len(labels)
+                    parts = [memo.get(id(lk)) or memo.setdefault(id(lk), text.of(lk)) for lk in labels]
+                    pieces[1::_STRIDE] = [h for h, _ in parts]
+                    pieces[2::_STRIDE] = [t for _, t in parts]
+                    runs.append(_Run(table, labels, cols, pieces))
             families.append((metric, runs))
-        text.prune(lambda: (r.labels for refs in index.values() for r in refs))
+        text.prune(lambda: (lk for by_table in index.values() for _, labels, _ in by_table for lk in labels))
         self._plan = (version, families)
         return families
 

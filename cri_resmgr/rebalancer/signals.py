@@ -114,13 +114,13 @@ def read_inputs(store: Store, cfg: RebalancerConfig, now: float, last_moved: Map
             missing.append(f"avx512_ratio (no {AVX512_RATIO} or {CONTEXT_SWITCHES} series: "
                            "the avx512 collector, collectors.avx512)")
     misses = _per_container(store, LLC_MISSES, now, window, "rate")
-    if not store.select(LLC_MISSES):
+    if not store.has_metric(LLC_MISSES):
         missing.append(f"llc_misses_per_second (no {LLC_MISSES}: the perf collector, collectors.perf)")
     bw = _per_container(store, MEMORY_BANDWIDTH, now, window, "rate", [Matcher("scope", "=", "total")])
-    if not store.select(MEMORY_BANDWIDTH):
+    if not store.has_metric(MEMORY_BANDWIDTH):
         missing.append(f"memory_bandwidth (no {MEMORY_BANDWIDTH}: RDT MBM, collectors.rdt; LLC misses × 64 B used)")
     occ = _per_container(store, LLC_OCCUPANCY, now, window, "raw")
-    if not store.select(LLC_OCCUPANCY):
+    if not store.has_metric(LLC_OCCUPANCY):
         missing.append(f"llc_occupancy (no {LLC_OCCUPANCY}: RDT CMT, collectors.rdt)")
     hp = None
     sst = store.latest(SST_BF_HIGH_PRIORITY, max_age_rows=2)

@@ -1122,7 +1122,10 @@ class Store:
         self.retention_seconds = retention_seconds
         self.max_series = max_series
         self.tables: dict[str, Table] = {}
-        self._index: dict[str, dict[Labels, SeriesRef]] = {}
+        # metric -> table -> label set -> column: the index holds the column numbers the tables' ``col_of`` holds
+        # (the same int objects), not an object per series; a SeriesRef is made when a reader asks (select,
+        # series_by_metric): at 20 k series the refs held took ~1.5 MB.
+        self._index: dict[str, dict[str, dict[Labels, int]]] = {}
         # per metric: label pair -> series keys, built on first select and dropped whenever the metric
         # gains or loses a series
         self._inverted: dict[str, dict[tuple[str, str], set[Labels]]] = {}
@@ -1333,7 +1336,11 @@ class Store:
 
     def _index_series(self, metric: str, lk: Labels, table: str, col: int) -> None:
         """The one place a series enters the index (append, prepare, checkpoint restore)."""
-        self._index.setdefault(metric, {})[lk] = SeriesRef(metric, lk, table, col)
+        by_table = self._index.setdefault(metric, {})
+        for other, cols in by_table.items():  # (one table a metric, but for a checkpoint naming a series twice)
+            if other != table and cols.pop(lk, None) is not None:
+                self._series -= 1  # the series is the one indexed last, as when the index was one map per metric
+        by_table.setdefault(table, {})[lk] = col
         self._inverted.pop(metric, None)
         self._series += 1
         self.index_version += 1
@@ -1406,13 +1413,16 @@ class Store:
     def _reclaim(self, tab: Table) -> None:
         for metric, lk in tab.reclaim():
             self.index_version += 1
-            series = self._index.get(metric)
+            series = self._index.get(metric, {})
             self._inverted.pop(metric, None)
-            if series and lk in series:
-                del series[lk]
+            cols = series.get(tab.name, {})
+            if lk in cols:
+                del cols[lk]
                 self._series -= 1
-                if not series:
-                    del self._index[metric]
+                if not cols:
+                    del series[tab.name]
+                    if not series:
+                        del self._index[metric]
 
     # -- reading -----------------------------------------------------------------------------------
     @property
@@ -1427,6 +1437,15 @@ class Store:
         with self._lock:
             return metric in self._index
 
+    def count(self, metric: str) -> int:
+        """Series stored of ``metric``."""
+        with self._lock:
+            return sum(len(cols) for cols in self._index.get(metric, {}).values())
+
+    @staticmethod
+    def _refs(metric: str, by_table: Mapping[str, Mapping[Labels, int]]) -> list[SeriesRef]:
+        return [SeriesRef(metric, lk, table, col) for table, cols in by_table.items() for lk, col in cols.items()]
+
     def series_by_metric(self) -> dict[str, list[SeriesRef]]:
         """Every stored series, per metric in first-written order: a snapshot, safe to use without the lock."""
         return self.versioned_series()[1]
@@ -1434,7 +1453,16 @@ class Store:
     def versioned_series(self) -> tuple[int, dict[str, list[SeriesRef]]]:
         """:meth:`series_by_metric` with the :attr:`index_version` it is of."""
         with self._lock:
-            return self.index_version, {m: list(series.values()) for m, series in self._index.items()}
+            return self.index_version, {m: self._refs(m, series) for m, series in self._index.items()}
+
+    def versioned_columns(self) -> tuple[int, dict[str, list[tuple[str, list[Labels], np.ndarray]]]]:
+        """Every stored series as :meth:`versioned_series` lists them, without a SeriesRef each: per metric, per
+        table its label sets and their columns (a snapshot, safe to use without the lock)."""
+        with self._lock:
+            return self.index_version, {
+                m: [(table, list(cols), np.fromiter(cols.values(), dtype=np.int64, count=len(cols)))
+                    for table, cols in series.items()]
+                for m, series in self._index.items()}
 
     def by_index(self, key: Hashable, compute: Callable[[], _T]) -> _T:
         """``compute()``, kept until a series enters or leaves the index: for readers that derive something from
@@ -1474,7 +1502,7 @@ class Store:
         return out
 
     def select(self, metric: str, matchers: Iterable[LabelMatcher] = ()) -> list[SeriesRef]:
-        """Series of ``metric`` matching all ``matchers``, in the order they were first written. Equality
+        """Series of ``metric`` matching all ``matchers``, per table in the order they were first written. Equality
         matchers are answered from an inverted index; the others are tried on each remaining series."""
         matchers = list(matchers)
         eq = [m for m in matchers if m.op == "=" and m.value != ""]  # ="" also matches a missing label
@@ -1485,13 +1513,15 @@ class Store:
                 inv = self._inverted.get(metric)
                 if inv is None:
                     inv = self._inverted[metric] = {}
-                    for lk in series:
-                        for pair in lk:
-                            inv.setdefault(pair, set()).add(lk)
+                    for cols in series.values():
+                        for lk in cols:
+                            for pair in lk:
+                                inv.setdefault(pair, set()).add(lk)
                 cand = set.intersection(*(inv.get((m.label, m.value), set()) for m in eq))
-                refs = [r for lk, r in series.items() if lk in cand] if cand else []
+                refs = [SeriesRef(metric, lk, table, col) for table, cols in series.items()
+                        for lk, col in cols.items() if lk in cand] if cand else []
             else:
-                refs = list(series.values())
+                refs = self._refs(metric, series)
         if not rest:
             return refs
         return [r for r in refs if all(m.matches(r.label_dict) for m in rest)]
@@ -1529,7 +1559,7 @@ class Store:
         with self._lock:
             metrics = [metric] if metric else list(self._index)
             for m in metrics:
-                for ref in self._index.get(m, {}).values():
+                for ref in self._refs(m, self._index.get(m, {})):
                     tab = self.tables[ref.table]
                     if tab.seq == 0 or tab.last_seq[ref.col] < tab.seq - 1 - max_age_rows:
                         continue
