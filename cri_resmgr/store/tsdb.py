@@ -120,12 +120,13 @@ class Block:
     A column whose codes (XORs or steps) are zero in most rows — a counter that steps a few times in the block — is
     kept instead as a bitmap of the rows with a non-zero code and those codes (:class:`_Sparse`), when that takes
     less: the byte planes would spend its widest code's bytes on every row.
-    Per column a block keeps its first value (8 bytes), its group (1 byte, 2 past 127 groups) and its place in the
-    group (2 bytes, 4 past 65,536 columns); a delta-coded column also its smallest step (``base``, 8 bytes, held
-    per group: ``base[boff[g] + pos]``).
+    Per column a block keeps its first value (8 bytes) and its group (1 byte, 2 past 127 groups); its place in the
+    group is its rank among the group's columns (:attr:`pos`, worked out when read: held, it took 2 bytes a column
+    and block, ~0.4 MB at 1,000 containers). A delta-coded column also has its smallest step (``base``, 8 bytes,
+    held per group: ``base[boff[g] + pos]``).
     """
 
-    __slots__ = ("seq0", "n", "t_first", "t_last", "ncols", "ts", "first", "gid", "pos", "groups", "base", "boff",
+    __slots__ = ("seq0", "n", "t_first", "t_last", "ncols", "ts", "first", "gid", "groups", "base", "boff",
                  "gapcols", "gapbits", "sparse")
 
     def __init__(self, seq0: int, ts: np.ndarray, vals: np.ndarray):
@@ -137,11 +138,17 @@ class Block:
         self.t_first, self.t_last = float(self.ts[0]), float(self.ts[-1])
         self.ncols = vals.shape[1]
         filled, self.gapcols, self.gapbits = _fill_gaps(vals)
-        self.first, gid, pos, self.groups, base, self.sparse = _encode(filled)
-        self.gid, self.pos, self.base, self.boff = _narrow(gid, pos, base, self.groups)
+        self.first, gid, self.groups, base, self.sparse = _encode(filled)
+        self.gid, self.base, self.boff = _narrow(gid, base, self.groups)
+
+    @property
+    def pos(self) -> np.ndarray:
+        """Each column's place in its group's payload (and steps): its rank among the group's columns, which are
+        laid out in column order."""
+        return _positions(self.gid)
 
     def nbytes(self) -> int:
-        return (self.ts.nbytes + self.first.nbytes + self.gid.nbytes + self.pos.nbytes + self.base.nbytes
+        return (self.ts.nbytes + self.first.nbytes + self.gid.nbytes + self.base.nbytes
                 + self.gapcols.nbytes + self.gapbits.nbytes + sum(g[2].nbytes for g in self.groups)
                 + self.sparse.nbytes())
 
@@ -196,14 +203,14 @@ class Block:
         b = cls.__new__(cls)
         b.seq0, b.n, b.ncols = int(meta["seq0"]), int(meta["n"]), int(meta["ncols"])
         b.ts = np.asarray(arrays[f"{prefix}ts"])
-        b.first, b.gid, b.pos, b.base = (np.asarray(arrays[f"{prefix}{k}"]) for k in ("first", "gid", "pos", "base"))
+        b.first, b.gid, pos, b.base = (np.asarray(arrays[f"{prefix}{k}"]) for k in ("first", "gid", "pos", "base"))
         if b.n < 1 or b.ts.shape != (b.n,) or b.ts.dtype != np.float64:
             raise ValueError(f"block {prefix}: {b.ts.shape} timestamps for {b.n} rows")
         per_group = meta.get("base") == "groups"  # (format 3: a base for every column)
-        if not (b.first.shape == b.gid.shape == b.pos.shape == (b.ncols,)) or b.base.ndim != 1 \
+        if not (b.first.shape == b.gid.shape == pos.shape == (b.ncols,)) or b.base.ndim != 1 \
                 or (not per_group and b.base.shape != (b.ncols,)) \
                 or b.first.dtype != np.uint64 or b.base.dtype != np.int64 \
-                or b.gid.dtype not in (np.int8, np.int16) or b.pos.dtype not in (np.uint16, np.int32):
+                or b.gid.dtype not in (np.int8, np.int16) or pos.dtype not in (np.uint16, np.int32):
             raise ValueError(f"block {prefix}: column arrays do not match {b.ncols} columns")
         b.groups = []
         for g, (s, w, mode) in enumerate(meta["groups"]):
@@ -214,19 +221,28 @@ class Block:
             if not (s >= 0 and (1 if mode == _XOR else 0) <= w and s + w <= 8) or planes.shape != shape \
                     or planes.dtype != dtype or mode not in (_XOR, *SCALES):
                 raise ValueError(f"block {prefix}: group {g} (bytes {s}+{w}) has payload shape {planes.shape}")
-            if k and not np.array_equal(np.sort(b.pos[members]), np.arange(k)):
+            at = pos[members].astype(np.int64)  # (ascending columns)
+            if k and not np.array_equal(np.sort(at), np.arange(k)):
                 raise ValueError(f"block {prefix}: group {g}: column positions out of range")
-            b.groups.append((int(s), int(w), planes, int(mode)))
+            b.groups.append((int(s), int(w), planes, int(mode), at))
         b.sparse = _Sparse.from_arrays(arrays, prefix, b.n, b.ncols) if meta.get("sparse") else _Sparse.empty(b.n)
         if (b.gid >= len(b.groups)).any() or (b.gid < _SPARSE).any() \
                 or not np.array_equal(np.flatnonzero(b.gid == _SPARSE), b.sparse.cols):
             raise ValueError(f"block {prefix}: a column names a group that does not exist")
+        # Payloads (and steps) laid out in column order, as :attr:`pos` reads them: a file's positions may be any
+        # order within a group (the encoders write column order, so this is a no-op for their files).
+        placed = b.groups
+        b.groups = [(s, w, planes if np.array_equal(at, np.arange(len(at))) else planes[at], mode)
+                    for s, w, planes, mode, at in placed]
         if per_group:
             b.boff = _base_offsets(b.groups)
             if len(b.base) != sum(len(g[2]) for g in b.groups if g[3] != _XOR):
                 raise ValueError(f"block {prefix}: {len(b.base)} steps for the delta-coded columns")
+            b.base = np.concatenate([b.base[b.boff[g] + at] for g, (_, _, _, mode, at) in enumerate(placed)
+                                     if mode != _XOR] or [np.zeros(0, dtype=np.int64)])
+            b.gid = b.gid.astype(np.int8 if len(b.groups) <= 127 else np.int16)
         else:
-            b.gid, b.pos, b.base, b.boff = _narrow(b.gid, b.pos, b.base, b.groups)
+            b.gid, b.base, b.boff = _narrow(b.gid, b.base, b.groups)
         if meta.get("gaps"):
             b.gapcols, b.gapbits = np.asarray(arrays[f"{prefix}gapcols"]), np.asarray(arrays[f"{prefix}gapbits"])
             k = len(b.gapcols)
@@ -357,14 +373,22 @@ def _base_offsets(groups) -> list[int]:
     return out
 
 
-def _narrow(gid: np.ndarray, pos: np.ndarray, base: np.ndarray, groups):
-    """A block's per-column arrays as kept: ``gid`` and ``pos`` in the narrowest type that holds them, ``base``
+def _narrow(gid: np.ndarray, base: np.ndarray, groups):
+    """A block's per-column arrays as kept: ``gid`` in the narrowest type that holds it, ``base`` (one per column)
     only for the delta-coded columns, group by group in the order of their positions (ascending columns)."""
     gid = gid.astype(np.int8 if len(groups) <= 127 else np.int16)
-    pos = pos.astype(np.uint16 if len(pos) <= 65536 else np.int32)
     delta = [np.flatnonzero(gid == g) for g, grp in enumerate(groups) if grp[3] != _XOR]
     base = np.concatenate([base[c] for c in delta]) if delta else np.zeros(0, dtype=np.int64)
-    return gid, pos, base.astype(np.int64), _base_offsets(groups)
+    return gid, base.astype(np.int64), _base_offsets(groups)
+
+
+def _positions(gid: np.ndarray) -> np.ndarray:
+    """Per column, its rank among the columns of the same group (the checkpoint's ``pos``, in its types)."""
+    order = np.argsort(gid, kind="stable")
+    s = gid[order]
+    pos = np.empty(len(gid), dtype=np.uint16 if len(gid) <= 65536 else np.int32)
+    pos[order] = np.arange(len(gid)) - np.searchsorted(s, s, side="left")
+    return pos
 
 
 def _no_gaps(n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -465,11 +489,10 @@ def _encode(vals: np.ndarray):
     n, c = x.shape
     first = x[0].copy()
     gid = np.full(c, -1, dtype=np.int16)
-    pos = np.zeros(c, dtype=np.int32)
     groups: list[tuple[int, int, np.ndarray, int]] = []
     base = np.zeros(c, dtype=np.int64)
     if n == 1 or c == 0:
-        return first, gid, pos, groups, base, _Sparse.empty(n)
+        return first, gid, groups, base, _Sparse.empty(n)
     d = x[1:] ^ x[:-1]  # (n-1, c)
     lo, width = _trim(d)
     scale = np.full(c, _XOR, dtype=np.int8)
@@ -504,13 +527,12 @@ def _encode(vals: np.ndarray):
         mode, sh = divmod(rest, 9)
         cols = np.flatnonzero(code == key)
         gid[cols] = len(groups)
-        pos[cols] = np.arange(len(cols), dtype=np.int32)
         if w == 8:  # all bytes: the codes as they are, (g, n-1) uint64
             planes = np.ascontiguousarray(d[:, cols].T)
         else:
             planes = np.ascontiguousarray(b[:, cols, sh:sh + w].transpose(1, 2, 0))  # (g, w, n-1)
         groups.append((sh, w, planes, mode - 1))
-    return first, gid, pos, groups, base, sparse
+    return first, gid, groups, base, sparse
 
 
 def _undelta(x: np.ndarray, base, d: int, out: np.ndarray) -> None:
@@ -550,14 +572,15 @@ def _decode_one(b: Block, col: int, out: np.ndarray) -> None:
         x[:] = b.first[col]
         return
     group = b.groups[g]
+    at = int(np.count_nonzero(b.gid[:col] == g))  # (its place in the group: :attr:`Block.pos`)
     x[0] = b.first[col]
     x[1:] = 0
     x2 = x.reshape(1, b.n)
-    _place(x2, x2.view(np.uint8).reshape(1, b.n, 8), slice(None), group, group[2][b.pos[col]][None])
+    _place(x2, x2.view(np.uint8).reshape(1, b.n, 8), slice(None), group, group[2][at][None])
     if group[3] == _XOR:
         np.bitwise_xor.accumulate(x, out=x)
     else:
-        _undelta(x, b.base[b.boff[g] + int(b.pos[col])], group[3], out)
+        _undelta(x, b.base[b.boff[g] + at], group[3], out)
 
 
 def _decode(b: Block, cols: np.ndarray, out: np.ndarray) -> None:
@@ -572,6 +595,7 @@ def _decode(b: Block, cols: np.ndarray, out: np.ndarray) -> None:
     deltas = []  # (rows, scale, base) of the delta-coded groups
     if n > 1 and b.groups:
         xb = x.view(np.uint8).reshape(k, n, 8)
+        pos = b.pos
         gid = b.gid[cols]
         for g in np.unique(gid):
             if g < 0:
@@ -579,9 +603,9 @@ def _decode(b: Block, cols: np.ndarray, out: np.ndarray) -> None:
             group = b.groups[g]
             rows = np.flatnonzero(gid == g)
             sel: np.ndarray | slice = slice(None) if len(rows) == k else rows
-            _place(x, xb, sel, group, group[2][b.pos[cols[sel]]])
+            _place(x, xb, sel, group, group[2][pos[cols[sel]]])
             if group[3] != _XOR:
-                deltas.append((sel, group[3], b.base[b.boff[g] + b.pos[cols[sel]].astype(np.int64)]))
+                deltas.append((sel, group[3], b.base[b.boff[g] + pos[cols[sel]].astype(np.int64)]))
                 xor_rows[sel] = False
     if n > 1 and len(b.sparse.cols):
         rows, modes, bases = b.sparse.place(cols, x)
@@ -620,11 +644,9 @@ def merge_blocks(blocks: Sequence[Block], ncols: int) -> Block:
     out.t_first, out.t_last = float(out.ts[0]), float(out.ts[-1])
     out.first = np.zeros(ncols, dtype=np.uint64)
     gid_all = np.full(ncols, -1, dtype=np.int16)
-    pos_all = np.zeros(ncols, dtype=np.int32)
     base_all = np.zeros(ncols, dtype=np.int64)
     order: dict[tuple[int, int, int], int] = {}  # (shift, width, mode) -> group index in ``out``
     planes: list[list[np.ndarray]] = []
-    members: list[int] = []
     gapcols: list[np.ndarray] = []
     gapbits: list[np.ndarray] = []
     sparse: list[_Sparse] = []
@@ -637,7 +659,7 @@ def merge_blocks(blocks: Sequence[Block], ncols: int) -> Block:
             b.decode_into(cols, vt[:, off:off + b.n])
             off += b.n
         filled, gc, gb = _fill_gaps(vt.T)
-        first, gid, pos, groups, base, sp = _encode(filled)
+        first, gid, groups, base, sp = _encode(filled)
         out.first[cols], base_all[cols] = first, base
         if len(sp.cols):
             sp.cols = sp.cols + np.int32(a)
@@ -652,17 +674,14 @@ def merge_blocks(blocks: Sequence[Block], ncols: int) -> Block:
             if k is None:
                 k = order[key] = len(planes)
                 planes.append([])
-                members.append(0)
             mine = gid == g
             gid_all[cols[mine]] = k
-            pos_all[cols[mine]] = pos[mine] + members[k]
-            members[k] += len(pl)
             planes[k].append(pl)
     out.groups = [(sh, w, np.concatenate(planes[k]) if len(planes[k]) > 1 else planes[k][0], mode)
                   for (sh, w, mode), k in sorted(order.items(), key=lambda kv: kv[1])]
     out.gapcols, out.gapbits = (np.concatenate(gapcols), np.concatenate(gapbits)) if gapcols else _no_gaps(n)
     out.sparse = _Sparse.empty(n) if not sparse else _Sparse.joined(sparse)
-    out.gid, out.pos, out.base, out.boff = _narrow(gid_all, pos_all, base_all, out.groups)
+    out.gid, out.base, out.boff = _narrow(gid_all, base_all, out.groups)
     return out
 
 
