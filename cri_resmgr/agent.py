@@ -124,6 +124,9 @@ class Agent:
         self.started = time.time()
         self.topology: Topology = Topology()
         self.store = Store(cfg.store.retention_seconds, cfg.store.max_series)
+        # Each block a wide table seals is merged into the one growing before it (every ~40 s at 1,000 containers):
+        # what the merge freed goes back to the OS then, not at the next checkpoint.
+        self.store.after_merge = release_free_heap
         # series.disable / series.drop_labels, applied to every collector's samples before the store
         self.series_filter = SeriesFilter(lambda: self.cfg.series)
         self.cardinality = Cardinality(self.store, self.series_filter)

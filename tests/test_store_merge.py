@@ -357,3 +357,33 @@ def test_the_store_merges_sealed_blocks_outside_its_lock(monkeypatch):
     tail = list(tab.blocks)[:2]
     assert not tab.replace_merged([tail[1], tail[0]], real(tail, 40))  # not consecutive in that order
     assert [b.n for b in tab.blocks][:3] == [64, 64, 64]
+
+
+def test_the_store_calls_after_merge_once_per_merge_outside_its_lock(monkeypatch, tmp_path):
+    """The agent returns what a merge freed to the OS right after it (Store.after_merge = heap.release_free_heap):
+    the hook runs once per merge, after the merged block is in place, without the store's lock held."""
+    import threading
+
+    from cri_resmgr.agent import Agent
+    from cri_resmgr.config import build_config
+    from cri_resmgr.heap import release_free_heap
+
+    s = _wide_store(monkeypatch)
+    merges: list[int] = []
+    real = tsdb.merge_blocks
+    monkeypatch.setattr(tsdb, "merge_blocks", lambda blocks, ncols: merges.append(len(blocks)) or real(blocks, ncols))
+    calls: list[tuple[int, bool]] = []
+
+    def hook():
+        got: list[bool] = []
+        t = threading.Thread(target=lambda: got.append(s.lock.acquire(timeout=1) and (s.lock.release() or True)))
+        t.start()
+        t.join()
+        calls.append((len(merges), got == [True]))
+
+    s.after_merge = hook
+    _write(s, 400)
+    assert merges and calls == [(i + 1, True) for i in range(len(merges))]
+    assert all(b.n % 32 == 0 for b in s.tables["t"].blocks)
+    cfg = build_config({"state_dir": str(tmp_path / "state"), "run_dir": str(tmp_path / "run")}, env={})
+    assert Agent(cfg).store.after_merge is release_free_heap  # (the agent's store trims after its merges)

@@ -1166,6 +1166,9 @@ class Store:
         self._plans: dict[str, _ColumnPlan] = {}  # per table, for append_columns
         self.index_version = 0  # bumped whenever a series enters or leaves the index (readers cache by it)
         self._by_index: dict[Hashable, tuple[int, Any]] = {}  # by_index(): key -> (index_version, value)
+        # Called (outside the lock) after a merge replaced sealed blocks: the agent returns the merge's freed
+        # temporaries and blocks to the OS here (heap.release_free_heap), as after a checkpoint.
+        self.after_merge: Callable[[], object] | None = None
 
     def _labels_key(self, labels: Mapping[str, str]) -> Labels:
         """:func:`labels_key` interned: the store's one tuple for this label set, made of its shared pairs (which a
@@ -1343,6 +1346,9 @@ class Store:
             merged = merge_blocks(tail, max(b.ncols for b in tail))
             with self._lock:
                 tab.replace_merged(tail, merged)
+            del tail, merged
+            if self.after_merge is not None:
+                self.after_merge()
 
     def _new_series(self, tab: Table, metric: str, lk: Labels) -> int | None:
         """A column of ``tab`` for a series not stored yet, indexed; None when the store is at max_series."""
