@@ -701,7 +701,7 @@ MIN_BLOCK_ROWS = 8
 # up to 256 rows, not per 8 or 32, and only the one growing block pays it for fewer. Before, the small blocks
 # waited until they added up to a merged one: over an hour past the retention (bench/retention_bench.py, a
 # scale_bench checkpoint at 1,000 containers) the tables held 6.37 MiB on average (6.57 at most) against 7.11
-# (8.06), for ~1.3 s more CPU an hour (each merge codes the growing block again).
+# (8.06), for ~0.65 s more CPU an hour (each merge codes the growing block again).
 # A block is dropped whole once all its rows are past the retention, so a merged block holds at most
 # 1/COMPACT_SHARE of the table's capacity: the rows kept past the retention stay under that share.
 COMPACT_SHARE = 8
