@@ -213,6 +213,7 @@ class Block:
                 or b.gid.dtype not in (np.int8, np.int16) or pos.dtype not in (np.uint16, np.int32):
             raise ValueError(f"block {prefix}: column arrays do not match {b.ncols} columns")
         b.groups = []
+        places = []  # per group, its members' places in the file (ascending columns)
         for g, (s, w, mode) in enumerate(meta["groups"]):
             planes = np.asarray(arrays[f"{prefix}g{g}"])
             members = b.gid == g
@@ -221,25 +222,25 @@ class Block:
             if not (s >= 0 and (1 if mode == _XOR else 0) <= w and s + w <= 8) or planes.shape != shape \
                     or planes.dtype != dtype or mode not in (_XOR, *SCALES):
                 raise ValueError(f"block {prefix}: group {g} (bytes {s}+{w}) has payload shape {planes.shape}")
-            at = pos[members].astype(np.int64)  # (ascending columns)
-            if k and not np.array_equal(np.sort(at), np.arange(k)):
+            places.append(pos[members].astype(np.int64))
+            if k and not np.array_equal(np.sort(places[-1]), np.arange(k)):
                 raise ValueError(f"block {prefix}: group {g}: column positions out of range")
-            b.groups.append((int(s), int(w), planes, int(mode), at))
+            b.groups.append((int(s), int(w), planes, int(mode)))
         b.sparse = _Sparse.from_arrays(arrays, prefix, b.n, b.ncols) if meta.get("sparse") else _Sparse.empty(b.n)
         if (b.gid >= len(b.groups)).any() or (b.gid < _SPARSE).any() \
                 or not np.array_equal(np.flatnonzero(b.gid == _SPARSE), b.sparse.cols):
             raise ValueError(f"block {prefix}: a column names a group that does not exist")
         # Payloads (and steps) laid out in column order, as :attr:`pos` reads them: a file's positions may be any
         # order within a group (the encoders write column order, so this is a no-op for their files).
-        placed = b.groups
         b.groups = [(s, w, planes if np.array_equal(at, np.arange(len(at))) else planes[at], mode)
-                    for s, w, planes, mode, at in placed]
+                    for (s, w, planes, mode), at in zip(b.groups, places, strict=True)]
         if per_group:
             b.boff = _base_offsets(b.groups)
             if len(b.base) != sum(len(g[2]) for g in b.groups if g[3] != _XOR):
                 raise ValueError(f"block {prefix}: {len(b.base)} steps for the delta-coded columns")
-            b.base = np.concatenate([b.base[b.boff[g] + at] for g, (_, _, _, mode, at) in enumerate(placed)
-                                     if mode != _XOR] or [np.zeros(0, dtype=np.int64)])
+            b.base = np.concatenate([b.base[b.boff[g] + at] for g, ((_, _, _, mode), at)
+                                     in enumerate(zip(b.groups, places, strict=True)) if mode != _XOR]
+                                    or [np.zeros(0, dtype=np.int64)])
             b.gid = b.gid.astype(np.int8 if len(b.groups) <= 127 else np.int16)
         else:
             b.gid, b.base, b.boff = _narrow(b.gid, b.base, b.groups)
@@ -1362,9 +1363,12 @@ class Store:
     def _index_series(self, metric: str, lk: Labels, table: str, col: int) -> None:
         """The one place a series enters the index (append, prepare, checkpoint restore)."""
         by_table = self._index.setdefault(metric, {})
-        for other, cols in by_table.items():  # (one table a metric, but for a checkpoint naming a series twice)
-            if other != table and cols.pop(lk, None) is not None:
-                self._series -= 1  # the series is the one indexed last, as when the index was one map per metric
+        for other in [t for t, cols in by_table.items() if t != table and lk in cols]:
+            # (one table a metric, but for a checkpoint naming a series twice: the one indexed last is the series)
+            del by_table[other][lk]
+            self._series -= 1
+            if not by_table[other]:
+                del by_table[other]
         by_table.setdefault(table, {})[lk] = col
         self._inverted.pop(metric, None)
         self._series += 1
@@ -1473,16 +1477,13 @@ class Store:
 
     def series_by_metric(self) -> dict[str, list[SeriesRef]]:
         """Every stored series, per metric in first-written order: a snapshot, safe to use without the lock."""
-        return self.versioned_series()[1]
-
-    def versioned_series(self) -> tuple[int, dict[str, list[SeriesRef]]]:
-        """:meth:`series_by_metric` with the :attr:`index_version` it is of."""
         with self._lock:
-            return self.index_version, {m: self._refs(m, series) for m, series in self._index.items()}
+            return {m: self._refs(m, series) for m, series in self._index.items()}
 
     def versioned_columns(self) -> tuple[int, dict[str, list[tuple[str, list[Labels], np.ndarray]]]]:
-        """Every stored series as :meth:`versioned_series` lists them, without a SeriesRef each: per metric, per
-        table its label sets and their columns (a snapshot, safe to use without the lock)."""
+        """Every stored series as :meth:`series_by_metric` lists them, without a SeriesRef each: per metric, per
+        table its label sets and their columns, with the :attr:`index_version` they are of (a snapshot, safe to use
+        without the lock)."""
         with self._lock:
             return self.index_version, {
                 m: [(table, list(cols), np.fromiter(cols.values(), dtype=np.int64, count=len(cols)))
@@ -1584,11 +1585,11 @@ class Store:
         with self._lock:
             metrics = [metric] if metric else list(self._index)
             for m in metrics:
-                for ref in self._refs(m, self._index.get(m, {})):
-                    tab = self.tables[ref.table]
-                    if tab.seq == 0 or tab.last_seq[ref.col] < tab.seq - 1 - max_age_rows:
-                        continue
-                    out.append((ref, float(tab.last_t[ref.col]), float(tab.last_val[ref.col])))
+                for table, cols in self._index.get(m, {}).items():
+                    tab = self.tables[table]
+                    oldest = tab.seq - 1 - max_age_rows  # (a table with no rows has none live)
+                    out += [(SeriesRef(m, lk, table, col), float(tab.last_t[col]), float(tab.last_val[col]))
+                            for lk, col in cols.items() if tab.seq and tab.last_seq[col] >= oldest]
         return out
 
     def span(self) -> tuple[float, float] | None:
