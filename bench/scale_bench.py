@@ -259,9 +259,10 @@ def fill_to_retention(store, past: float = 0.0, each=None) -> dict[str, str]:
     out = {}
     for name, tab in list(store.tables.items()):
         with store.lock:
-            cols = [c for c, k in enumerate(tab.keys) if k is not None]
+            named = tab.keys  # (once: in the store of this tree a list made when asked)
+            cols = [c for c, k in enumerate(named) if k is not None]
             ts, real = tab.rows(tab.floor, tab.seq, np.array(cols, dtype=np.int64))
-            keys = [(tab.keys[c][0], dict(tab.keys[c][1])) for c in cols]
+            keys = [(named[c][0], dict(named[c][1])) for c in cols]
         if len(ts) < 3 or not cols:
             continue
         interval = float(np.median(np.diff(ts)))

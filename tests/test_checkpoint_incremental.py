@@ -40,7 +40,9 @@ def everything(s: Store) -> dict:
     with s.lock:
         for name, tab in s.tables.items():
             out[name] = (tab.seq, tab.floor)
-            for key, col in tab.col_of.items():
+            for col, key in enumerate(tab.keys):
+                if key is None:
+                    continue
                 ts, V = tab.rows(tab.floor, tab.seq, np.array([col]))
                 ok = ~np.isnan(V[:, 0])
                 out[key] = (ts[ok].tolist(), V[ok, 0].tolist())

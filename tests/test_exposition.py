@@ -219,3 +219,22 @@ def test_label_text_of_containers_gone_is_let_go():
     assert len(live) < 1000
     held = len(e._labels._heads)
     assert held <= 2 * len(live) + 1024 < 4000, (held, len(live))
+
+
+def test_series_of_equal_value_share_one_value_text():
+    """Formatted whole (the first scrape, or most values changed), the series of one value hold one text for it
+    (1,000 idle containers: ~1.4 k distinct values in 20 k series); 0.0 and -0.0 stay two, NaN its own."""
+    s = Store()
+    values = [0.0, 0.0, -0.0, 5.0, 5.0, math.nan, math.nan, 0.0]
+    s.append("cg", 1.0, [Sample(M.CONTAINER_CPU_USAGE.name, {"container_id": f"c{i}"}, v)
+                         for i, v in enumerate(values)], 1.0)
+    e = Exposition(s)
+    text = e.render().decode()
+    assert text == _uncached_render(s, lambda: ()).decode() and 'container_id="c2"} -0.0\n' in text
+    (run,), = [runs for m, runs in e._families() if m == M.CONTAINER_CPU_USAGE.name]
+    texts = run.pieces[3::5]
+    by_value: dict = {}
+    for v, t in zip(values, texts, strict=True):
+        by_value.setdefault(repr(v), set()).add(id(t))
+    assert by_value.keys() == {"0.0", "-0.0", "5.0", "nan"} and all(len(ids) == 1 for ids in by_value.values())
+    assert len({id(t) for t in texts}) == 4

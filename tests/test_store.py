@@ -397,3 +397,50 @@ def test_the_index_holds_no_object_per_series_and_makes_refs_when_asked():
     assert [(r.table, r.labels) for r in refs] == want
     assert s.select("m", [Matcher("container_id", "=", "c7")]) == [SeriesRef("m", (("container_id", "c7"),), "t", 7)]
     assert {ref for ref, _, _ in s.latest("n")} == set(refs)
+
+
+def test_tables_hold_no_key_tuple_per_column_and_the_index_finds_columns():
+    """A table names its columns with two lists (metric, the store's label tuple), not a (metric, labels) tuple
+    each beside a key -> column map (at 20 k series ~2 MB the index held again); the index resolves new keys."""
+    import gc
+
+    s = Store(retention_seconds=600)
+    keys = [("m", {"container_id": f"c{i}"}) for i in range(500)]
+    s.append_columns("t", 1000.0, Columns(keys, np.ones(500)), 1.0)
+    tab = s.tables["t"]
+    gc.collect()
+    held = [o for o in gc.get_objects() if type(o) is tuple and len(o) == 2 and o[0] == "m" and type(o[1]) is tuple]
+    assert held == []
+    s.append("t", 1001.0, [Sample("m", {"container_id": "c3"}, 2.0)], 1.0)  # the same series, found by the index
+    assert s.series_count == 500 and tab.ncols == 500
+    assert tab.keys[3] == ("m", (("container_id", "c3"),)) == tab.key(3)
+    ref = s.select("m", [Matcher("container_id", "=", "c3")])[0]
+    assert s.raw(ref, 0, 2000)[1].tolist() == [1.0, 2.0]
+
+
+def test_a_series_written_to_two_tables_holds_one_column():
+    """Written to one table and then another, alternately: the series is the one written last and the other
+    table's column is freed, so neither table takes a column per write."""
+    s = Store(retention_seconds=600)
+    for r in range(50):
+        s.append("a" if r % 2 else "b", 1000.0 + r, [Sample("m", {"c": "1"}, float(r))], 1.0)
+    assert s.series_count == 1 and s.count("m") == 1
+    assert [r.table for r in s.select("m")] == ["a"]
+    for name in ("a", "b"):
+        tab = s.tables[name]
+        assert tab.ncols == 1 and len([k for k in tab.keys if k is not None]) == (name == "a")
+
+
+def test_a_checkpoint_naming_a_series_twice_indexes_it_once():
+    """Restored keys that name one series in two columns of a table, and again in another table: one series,
+    the one indexed last, and the other columns free (before: counted three times)."""
+    s = Store(retention_seconds=600)
+    lk = (("c", "1"),)
+    state = {"last_seq": np.array([0, 0]), "last_val": np.array([1.0, 2.0]), "last_t": np.array([1.0, 1.0]),
+             "since": np.zeros(2, dtype=np.int64)}
+    hot = np.array([[1.0, 2.0]])
+    assert s.restore_table("t", 600, [("m", lk), ("m", lk)], 1, [], np.array([1.0]), hot, state) == 2
+    assert s.series_count == 1 and s.tables["t"].keys == [None, ("m", lk)]
+    s.restore_table("u", 600, [("m", lk), ("n", lk)], 1, [], np.array([1.0]), hot, state)
+    assert s.series_count == 2 and s.tables["t"].keys == [None, None]
+    assert [(r.table, r.col) for r in s.select("m")] == [("u", 0)]

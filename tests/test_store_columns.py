@@ -118,11 +118,11 @@ def test_columns_resolve_series_only_when_the_keys_change():
     s.append_columns("t", 1.0, Columns(keys, vals))
     assert s.series_count == 49, "a series with no value yet is not made"
     tab = s.tables["t"]
-    col_of = dict(tab.col_of)
-    tab.col_of.clear()  # a lookup of an already-resolved key would now make a new series
+    index = {m: {t: dict(cols) for t, cols in by_table.items()} for m, by_table in s._index.items()}
+    s._index.clear()  # a lookup of an already-resolved key would now make a new series
     s.append_columns("t", 2.0, Columns(keys, vals + 1))
-    assert s.series_count == 49
-    tab.col_of.update(col_of)
+    assert s.series_count == 49 and len(tab.keys) == 49
+    s._index.update(index)
     vals[7] = 70.0
     s.append_columns("t", 3.0, Columns(keys, vals))  # its first value: resolved now
     assert s.series_count == 50

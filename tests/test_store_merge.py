@@ -207,7 +207,8 @@ def test_a_wide_table_merges_its_sealed_blocks_and_keeps_at_most_an_eighth_past_
     assert sizes[:len(full)] == full and len(tail) <= 1 and all(n % 32 == 0 and n < target for n in tail), sizes
     held = sum(sizes) + tab.hot_n
     assert tab.capacity <= held < tab.capacity + target  # whole blocks expire: at most one merged block more
-    cols = np.array([tab.col_of[("m", (("c", str(c)),))] for c in range(40)])
+    col_of = {k: c for c, k in enumerate(tab.keys)}
+    cols = np.array([col_of[("m", (("c", str(c)),))] for c in range(40)])
     got_ts, got = tab.rows(tab.floor, tab.seq, cols)  # the retention's rows, exactly
     assert np.array_equal(got_ts, ts[-tab.capacity:])
     assert np.array_equal(bits(got), bits(V[-tab.capacity:]))

@@ -249,7 +249,11 @@ class Exposition:
                 # (repr() is the spelling of finite values; format_value() that of NaN and ±Inf)
                 fmt = repr if np.isfinite(vals).all() else format_value
                 if changed is None or 2 * len(changed) > len(bits):
-                    pieces[3::_STRIDE] = map(fmt, vals.tolist())
+                    # equal values share one text (1,000 idle containers: 1.4 k distinct values in 20 k series,
+                    # whose texts took ~1 MB), each formatted once
+                    distinct, which = np.unique(bits, return_inverse=True)
+                    texts = list(map(fmt, distinct.view(np.float64).tolist()))
+                    pieces[3::_STRIDE] = [texts[i] for i in which.tolist()]
                 elif len(changed):
                     for i, v in zip(changed.tolist(), vals[changed].tolist(), strict=True):
                         pieces[_STRIDE * i + 3] = fmt(v)

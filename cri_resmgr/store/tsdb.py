@@ -694,9 +694,13 @@ BLOCK_ROWS = 256  # rows per sealed block; the newest rows (up to this many) sta
 # that block costs ~11-19 bytes per column (first value, group, position) until it is full. 8, not 16: the cgroup
 # table at 1,000 containers (16,384 columns) then keeps a hot block of 1 MiB instead of 2 (figures from before, when
 # small blocks still waited to be merged together: over a simulated hour past the retention the three wide tables
-# held 13.71 MiB on average, max 14.46, against 14.23, max 14.76).
-HOT_BLOCK_BYTES = 1 << 20
-MIN_BLOCK_ROWS = 8
+# held 13.71 MiB on average, max 14.46, against 14.23, max 14.76). 512 KiB, not 1 MiB, since each block sealed is
+# merged at once: RDT's and AVX-512's ~4,000 columns keep 16 rows hot instead of 32, and over the hour past the
+# retention (bench/retention_bench.py) the tables held 5.10 MiB on average against 6.01, for ~0.3 s more CPU an
+# hour (256 KiB: 4.64 MiB, ~1 s more). And 4 rows at least, not 8: the cgroup table's 13,000 columns then keep
+# 4 rows hot (0.4 MB, not 0.8), 1.82 MiB held on average against 2.21, for ~0.35 s more CPU an hour.
+HOT_BLOCK_BYTES = 1 << 19
+MIN_BLOCK_ROWS = 4
 # ... and each block it seals is merged into the newest sealed one until that holds compact_rows_for rows, up to
 # BLOCK_ROWS (:func:`merge_blocks`, :meth:`Table.merge_tail`): the per-column cost of a block is then paid once per
 # up to 256 rows, not per 8 or 32, and only the one growing block pays it for fewer. Before, the small blocks
@@ -744,8 +748,11 @@ class Table:
         self.hot_n = 0
         self.blocks: deque[Block] = deque()
         self.seq = 0  # rows ever written
-        self.keys: list[tuple[str, Labels] | None] = []
-        self.col_of: dict[tuple[str, Labels], int] = {}
+        # per column: its series' metric and label set (None for a free column). Two lists, not a (metric, labels)
+        # tuple each, and no key -> column map: the store's index finds a series' column (1,000 containers: 20 k
+        # series, ~2 MB of tuples and map that the index held again).
+        self.metrics: list[str | None] = []
+        self.label_sets: list[Labels | None] = []
         self.last_seq = np.full(ncols, -1, dtype=np.int64)  # seq of a column's last write
         self.last_val = np.full(ncols, np.nan)  # value of that write
         self.last_t = np.full(ncols, np.nan)  # and its time
@@ -781,7 +788,9 @@ class Table:
     # -- columns -----------------------------------------------------------------------------------
     def _grow(self) -> None:
         old = self.hot_vals.shape[1]
-        new = old * 2
+        # by a quarter (to a multiple of 64), not twice: the hot block and the per-column state are this wide,
+        # and at 1,000 containers the cgroup table's 13,000 columns would take 16,384 (~0.5 MB more)
+        new = -(-(old + max(old // 4, 16)) // 64) * 64
         rows = block_rows_for(new, self.max_block_rows)
         if self.hot_n >= rows:  # the hot block shrinks below the rows it holds: they are sealed first
             self._seal()
@@ -798,35 +807,57 @@ class Table:
             a[:old] = getattr(self, name)
             setattr(self, name, a)
 
-    def column(self, key: tuple[str, Labels]) -> tuple[int, bool]:
-        col = self.col_of.get(key)
-        if col is not None:
-            return col, False
+    @property
+    def ncols(self) -> int:
+        """Columns in use or free (the hot block may be wider)."""
+        return len(self.metrics)
+
+    @property
+    def keys(self) -> list[tuple[str, Labels] | None]:
+        """Per column its series' ``(metric, labels)``, None for a free column (a new list: for checkpoints and
+        readers, not the write path)."""
+        # (a column has both or neither: label_sets[col] is a label set wherever metrics[col] is not None)
+        return [None if m is None else (m, lk)  # type: ignore[misc]
+                for m, lk in zip(self.metrics, self.label_sets, strict=True)]
+
+    def key(self, col: int) -> tuple[str, Labels] | None:
+        m = self.metrics[col]
+        return None if m is None else (m, self.label_sets[col])  # type: ignore[return-value]
+
+    def set_keys(self, keys: Sequence[tuple[str, Labels] | None]) -> None:
+        """Name every column (a checkpoint's keys); the columns named None are free."""
+        self.metrics = [None if k is None else k[0] for k in keys]
+        self.label_sets = [None if k is None else k[1] for k in keys]
+        self.free = [c for c, k in enumerate(keys) if k is None]
+        self.keys_version += 1
+
+    def add_column(self, metric: str, labels: Labels) -> int:
+        """A column for a new series (the caller knows it has none here): a free one, or one more."""
         if self.free:
             col = self.free.pop()
-            self.keys[col] = key
+            self.metrics[col], self.label_sets[col] = metric, labels
         else:
-            col = len(self.keys)
+            col = len(self.metrics)
             if col >= self.hot_vals.shape[1]:
                 self._grow()
-            self.keys.append(key)
+            self.metrics.append(metric)
+            self.label_sets.append(labels)
         self.keys_version += 1
         self.hot_vals[:, col] = np.nan
         self.last_seq[col] = -1
         self.last_val[col] = self.last_t[col] = np.nan
         self.since[col] = self.seq  # older rows of this column belonged to another series
-        self.col_of[key] = col
-        return col, True
+        return col
 
-    def reclaim(self) -> list[tuple[str, Labels]]:
+    def reclaim(self) -> list[tuple[str, Labels | None]]:
         """Free columns not written for a whole ring; return their keys."""
         horizon = self.seq - self.capacity
         gone = []
-        for col, key in enumerate(self.keys):
-            if key is not None and self.last_seq[col] < horizon:
-                gone.append(key)
-                del self.col_of[key]
-                self.keys[col] = None
+        for col in np.flatnonzero(self.last_seq[:self.ncols] < horizon).tolist():
+            m = self.metrics[col]
+            if m is not None:
+                gone.append((m, self.label_sets[col]))
+                self.metrics[col] = self.label_sets[col] = None
                 self.free.append(col)
         if gone:
             self.generation += 1
@@ -857,7 +888,7 @@ class Table:
 
     def _seal(self) -> None:
         n = self.hot_n
-        ncols = len(self.keys)
+        ncols = self.ncols
         self.blocks.append(Block(self.seq - n, self.hot_ts[:n], self.hot_vals[:n, :ncols]))
         self.hot_n = 0
         self._compact()
@@ -997,7 +1028,7 @@ class Table:
     def saved_state(self) -> tuple[list[Block], np.ndarray, np.ndarray, dict[str, np.ndarray]]:
         """What a checkpoint saves, as it is in memory (copies of the uncompressed parts; blocks are immutable):
         the sealed blocks, the hot rows' times and values, and the per-column :attr:`STATE` arrays."""
-        ncols = len(self.keys)
+        ncols = self.ncols
         state = {name: getattr(self, name)[:ncols].copy() for name in self.STATE}
         return list(self.blocks), self.hot_ts[: self.hot_n].copy(), self.hot_vals[: self.hot_n, :ncols].copy(), state
 
@@ -1007,7 +1038,7 @@ class Table:
         sealed into a block, whatever block size this table now has). Raises ValueError on parts that do not fit
         together: shapes, blocks that do not tile the rows, times out of order."""
         ncols = len(keys)
-        if self.seq or self.keys:
+        if self.seq or self.metrics:
             raise ValueError(f"table {self.name!r}: restore into a table that holds rows")
         if hot_ts.ndim != 1 or hot_vals.shape != (len(hot_ts), ncols):
             raise ValueError(f"table {self.name!r}: hot rows of shape {hot_vals.shape}, {ncols} keys")
@@ -1025,10 +1056,7 @@ class Table:
             raise ValueError(f"table {self.name!r}: timestamps out of order")
         while self.hot_vals.shape[1] < ncols:
             self._grow()
-        self.keys = list(keys)
-        self.keys_version += 1
-        self.col_of = {k: c for c, k in enumerate(self.keys) if k is not None}
-        self.free = [c for c, k in enumerate(self.keys) if k is None]
+        self.set_keys(keys)
         self.seq = seq
         self.first_seq = blocks[0].seq0 if blocks else seq - len(hot_ts)  # the rows before were not saved
         self.blocks.extend(blocks)
@@ -1040,12 +1068,11 @@ class Table:
 
     def free_column(self, col: int) -> None:
         """Give up column ``col`` (a restored series the store refused at max_series)."""
-        key = self.keys[col]
-        if key is not None:
-            del self.col_of[key]
-            self.keys[col] = None
+        if self.metrics[col] is not None:
+            self.metrics[col] = self.label_sets[col] = None
             self.free.append(col)
             self.keys_version += 1
+            self.generation += 1  # (a write plan naming the column resolves again)
             self.fast_col.clear()
 
     def truncated(self, limit: float) -> tuple[Table, int, float] | None:
@@ -1054,13 +1081,13 @@ class Table:
         last = self.last_time()
         if last is None or last <= limit:
             return None
-        ncols = len(self.keys)
+        ncols = self.ncols
         lo = max(self.floor, self.blocks[0].seq0 if self.blocks else self.floor)
         ts, V = self.rows(lo, self.seq, np.arange(ncols))
         keep = int(np.searchsorted(ts, limit, side="right"))
         new = Table(self.name, self.capacity, columns=max(16, ncols))
         new.defer_merges = self.defer_merges
-        new.keys, new.col_of, new.free = self.keys, self.col_of, self.free
+        new.metrics, new.label_sets, new.free = self.metrics, self.label_sets, self.free
         for r in range(keep):  # renumbered from 0: only what was written, so last_* come out right
             cols = np.flatnonzero(~np.isnan(V[r]))
             new.write_row(float(ts[r]), cols, V[r, cols])
@@ -1142,9 +1169,9 @@ class Store:
         self.retention_seconds = retention_seconds
         self.max_series = max_series
         self.tables: dict[str, Table] = {}
-        # metric -> table -> label set -> column: the index holds the column numbers the tables' ``col_of`` holds
-        # (the same int objects), not an object per series; a SeriesRef is made when a reader asks (select,
-        # series_by_metric): at 20 k series the refs held took ~1.5 MB.
+        # metric -> table -> label set -> column: the one map from a series to its column (a write resolving a new
+        # key asks it too), holding column numbers, not an object per series; a SeriesRef is made when a reader
+        # asks (select, series_by_metric): at 20 k series the refs held took ~1.5 MB.
         self._index: dict[str, dict[str, dict[Labels, int]]] = {}
         # per metric: label pair -> series keys, built on first select and dropped whenever the metric
         # gains or loses a series
@@ -1258,7 +1285,7 @@ class Store:
     def _column_of(self, tab: Table, metric: str, labels: Mapping[str, str]) -> int | None:
         """The column of a series in ``tab``, made if new; None when refused at max_series."""
         lk = self._labels_key(labels)
-        col = tab.col_of.get((metric, lk))
+        col = self._index.get(metric, {}).get(tab.name, {}).get(lk)
         if col is None:
             col = self._new_series(tab, metric, lk)
         return col
@@ -1356,20 +1383,28 @@ class Store:
         if self._series >= self.max_series:
             self._refuse((metric, lk))
             return None
-        col, _ = tab.column((metric, lk))
+        col = tab.add_column(metric, lk)
         self._index_series(metric, lk, tab.name, col)
         return col
 
     def _index_series(self, metric: str, lk: Labels, table: str, col: int) -> None:
-        """The one place a series enters the index (append, prepare, checkpoint restore)."""
+        """The one place a series enters the index (append, prepare, checkpoint restore). A series is in one
+        column of one table: one a checkpoint names twice is the one indexed last, and its other column is freed
+        (the index is what finds a series' column, so a column it no longer names would never be written again
+        nor read; freed, a write to the other table takes a column anew instead of another each time)."""
         by_table = self._index.setdefault(metric, {})
-        for other in [t for t, cols in by_table.items() if t != table and lk in cols]:
-            # (one table a metric, but for a checkpoint naming a series twice: the one indexed last is the series)
-            del by_table[other][lk]
+        for other, cols in [(t, cols) for t, cols in by_table.items() if lk in cols and (t, cols[lk]) != (table, col)]:
+            old = cols.pop(lk)
             self._series -= 1
-            if not by_table[other]:
+            tab = self.tables.get(other)
+            if tab is not None and old < tab.ncols and tab.key(old) == (metric, lk):
+                tab.free_column(old)
+            if not cols:
                 del by_table[other]
-        by_table.setdefault(table, {})[lk] = col
+        cols = by_table.setdefault(table, {})
+        if cols.get(lk) == col:
+            return
+        cols[lk] = col
         self._inverted.pop(metric, None)
         self._series += 1
         self.index_version += 1
@@ -1570,7 +1605,7 @@ class Store:
         out = {}
         with self._lock:
             for name, tab in self.tables.items():
-                n = len(tab.keys)
+                n = tab.ncols
                 if tab.count == 0 or n == 0:
                     continue
                 last = tab.last_seq[:n]
