@@ -103,8 +103,9 @@ class _Run:
     _STRIDE pieces in ``pieces`` (``_STRIDE * i`` onwards): the metric name, the label text in two parts
     (:class:`_LabelText`), the value and ``"\\n"``. The name is one string per metric and the label parts are
     shared by every series with the same container (or the same other labels), so a series holds only its value's
-    text: at 20 k series (1,000 containers), lines held whole took ~6 MB, a text per label set ~2.5 MB, the two
-    shared parts ~0.3 MB. Before the first scrape a value is empty."""
+    text, itself shared by the series of equal value when a run is formatted whole: at 20 k series (1,000
+    containers), lines held whole took ~6 MB, a text per label set ~2.5 MB, the two shared parts ~0.3 MB. Before
+    the first scrape a value is empty."""
 
     table: str
     labels: list[_Labels]  # the store's own tuples (one per label set)
