@@ -388,3 +388,22 @@ def test_the_store_calls_after_merge_once_per_merge_outside_its_lock(monkeypatch
     assert all(b.n % 32 == 0 for b in s.tables["t"].blocks)
     cfg = build_config({"state_dir": str(tmp_path / "state"), "run_dir": str(tmp_path / "run")}, env={})
     assert Agent(cfg).store.after_merge is release_free_heap  # (the agent's store trims after its merges)
+
+
+def test_blocks_keep_first_values_and_groups_packed_and_only_the_last_read_unpacked(monkeypatch):
+    """A block's first values and groups are kept zlib-packed (many columns start at the same value) and unpacked
+    when read; the unpacked arrays are kept for the last blocks read only, up to a byte budget, and values read
+    back bit for bit whichever blocks were let go meanwhile."""
+    monkeypatch.setattr(tsdb._UNPACKED, "limit", 3 * 1000 * 9)  # three blocks' unpacked arrays
+    rng = np.random.default_rng(11)
+    vals = np.zeros((16, 1000))
+    vals[:, ::7] = rng.normal(size=(16, len(range(0, 1000, 7))))
+    blocks = [Block(16 * i, np.arange(16.0) + 16 * i, vals + i) for i in range(8)]
+    for b in blocks:
+        assert b._first is None and len(b._zfirst) + len(b._zgid) < (b.first.nbytes + b.gid.nbytes) / 4
+    for _ in range(2):
+        for i, b in enumerate(blocks):
+            assert np.array_equal(b.columns(np.arange(1000)).view(np.uint64), (vals + i).view(np.uint64))
+            assert sum(x._first is not None for x in blocks) <= 4
+    with pytest.raises(ValueError):
+        blocks[0].first[0] = 1  # read-only: a reader cannot change what other readers unpack

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import math
 import threading
+import weakref
+import zlib
 from collections import deque
 from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -97,6 +99,35 @@ class SeriesRef:
 _BYTE_SHIFTS = (np.arange(8, dtype=np.uint64) * np.uint64(8))
 
 
+UNPACKED_KEEP_BYTES = 1 << 20  # unpacked first values and groups kept for the blocks read last
+
+
+class _Unpacked:
+    """The blocks holding their first values and groups unpacked: the ones read last, up to ``limit`` bytes (a
+    query or merge reads a table's blocks again and again, column slice by slice; one cgroup block at 1,000
+    containers unpacks to 117 kB). The blocks are held weakly: one dropped from its table goes."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._held: deque[tuple[weakref.ref, int]] = deque()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def hold(self, b: Block, nbytes: int) -> None:
+        with self._lock:
+            self._held.append((weakref.ref(b), nbytes))
+            self._bytes += nbytes
+            while self._bytes > self.limit and len(self._held) > 1:
+                ref, k = self._held.popleft()
+                self._bytes -= k
+                old = ref()
+                if old is not None:
+                    old._first = old._gid = None  # (a reader that has the arrays keeps them)
+
+
+_UNPACKED = _Unpacked(UNPACKED_KEEP_BYTES)
+
+
 class Block:
     """``n`` sealed rows of a table, compressed losslessly column by column.
 
@@ -126,8 +157,44 @@ class Block:
     held per group: ``base[boff[g] + pos]``).
     """
 
-    __slots__ = ("seq0", "n", "t_first", "t_last", "ncols", "ts", "first", "gid", "groups", "base", "boff",
-                 "gapcols", "gapbits", "sparse")
+    # ``first`` and ``gid`` are kept packed (zlib, level 1) and unpacked when read, the last blocks read staying
+    # unpacked up to UNPACKED_KEEP_BYTES (:class:`_Unpacked`): they were 1.59 of the 2.65 MiB of sealed blocks at
+    # 1,000 containers filled to full retention, and packed take 0.13 MiB (many columns start at the same value);
+    # unpacking all of them takes ~1.4 ms.
+    __slots__ = ("seq0", "n", "t_first", "t_last", "ncols", "ts", "_zfirst", "_zgid", "_gid_type", "_first", "_gid",
+                 "groups", "base", "boff", "gapcols", "gapbits", "sparse", "__weakref__")
+    _first: np.ndarray | None
+    _gid: np.ndarray | None
+
+    @property
+    def first(self) -> np.ndarray:
+        """Each column's first value's bits (uint64; read-only)."""
+        a = self._first
+        return a if a is not None else self._unpack()[0]
+
+    @first.setter
+    def first(self, a: np.ndarray) -> None:
+        self._zfirst = zlib.compress(np.ascontiguousarray(a, dtype=np.uint64).tobytes(), 1)
+        self._first = self._gid = None
+
+    @property
+    def gid(self) -> np.ndarray:
+        """Each column's group (int8, or int16 past 127 groups; read-only)."""
+        a = self._gid
+        return a if a is not None else self._unpack()[1]
+
+    @gid.setter
+    def gid(self, a: np.ndarray) -> None:
+        a = np.ascontiguousarray(a)
+        self._zgid, self._gid_type = zlib.compress(a.tobytes(), 1), a.dtype
+        self._first = self._gid = None
+
+    def _unpack(self) -> tuple[np.ndarray, np.ndarray]:
+        first = np.frombuffer(zlib.decompress(self._zfirst), dtype=np.uint64)
+        gid = np.frombuffer(zlib.decompress(self._zgid), dtype=self._gid_type)
+        self._first, self._gid = first, gid
+        _UNPACKED.hold(self, first.nbytes + gid.nbytes)
+        return first, gid
 
     def __init__(self, seq0: int, ts: np.ndarray, vals: np.ndarray):
         if not np.little_endian:  # pragma: no cover - x86 and arm64 hosts are little-endian
@@ -148,7 +215,7 @@ class Block:
         return _positions(self.gid)
 
     def nbytes(self) -> int:
-        return (self.ts.nbytes + self.first.nbytes + self.gid.nbytes + self.base.nbytes
+        return (self.ts.nbytes + len(self._zfirst) + len(self._zgid) + self.base.nbytes
                 + self.gapcols.nbytes + self.gapbits.nbytes + sum(g[2].nbytes for g in self.groups)
                 + self.sparse.nbytes())
 
@@ -203,15 +270,16 @@ class Block:
         b = cls.__new__(cls)
         b.seq0, b.n, b.ncols = int(meta["seq0"]), int(meta["n"]), int(meta["ncols"])
         b.ts = np.asarray(arrays[f"{prefix}ts"])
-        b.first, b.gid, pos, b.base = (np.asarray(arrays[f"{prefix}{k}"]) for k in ("first", "gid", "pos", "base"))
+        first, gid, pos, b.base = (np.asarray(arrays[f"{prefix}{k}"]) for k in ("first", "gid", "pos", "base"))
         if b.n < 1 or b.ts.shape != (b.n,) or b.ts.dtype != np.float64:
             raise ValueError(f"block {prefix}: {b.ts.shape} timestamps for {b.n} rows")
         per_group = meta.get("base") == "groups"  # (format 3: a base for every column)
-        if not (b.first.shape == b.gid.shape == pos.shape == (b.ncols,)) or b.base.ndim != 1 \
+        if not (first.shape == gid.shape == pos.shape == (b.ncols,)) or b.base.ndim != 1 \
                 or (not per_group and b.base.shape != (b.ncols,)) \
-                or b.first.dtype != np.uint64 or b.base.dtype != np.int64 \
-                or b.gid.dtype not in (np.int8, np.int16) or pos.dtype not in (np.uint16, np.int32):
+                or first.dtype != np.uint64 or b.base.dtype != np.int64 \
+                or gid.dtype not in (np.int8, np.int16) or pos.dtype not in (np.uint16, np.int32):
             raise ValueError(f"block {prefix}: column arrays do not match {b.ncols} columns")
+        b.first, b.gid = first, gid
         b.groups = []
         places = []  # per group, its members' places in the file (ascending columns)
         for g, (s, w, mode) in enumerate(meta["groups"]):
@@ -643,7 +711,7 @@ def merge_blocks(blocks: Sequence[Block], ncols: int) -> Block:
     out.seq0, out.n, out.ncols = blocks[0].seq0, n, ncols
     out.ts = np.concatenate([b.ts for b in blocks])
     out.t_first, out.t_last = float(out.ts[0]), float(out.ts[-1])
-    out.first = np.zeros(ncols, dtype=np.uint64)
+    first_all = np.zeros(ncols, dtype=np.uint64)
     gid_all = np.full(ncols, -1, dtype=np.int16)
     base_all = np.zeros(ncols, dtype=np.int64)
     order: dict[tuple[int, int, int], int] = {}  # (shift, width, mode) -> group index in ``out``
@@ -661,7 +729,7 @@ def merge_blocks(blocks: Sequence[Block], ncols: int) -> Block:
             off += b.n
         filled, gc, gb = _fill_gaps(vt.T)
         first, gid, groups, base, sp = _encode(filled)
-        out.first[cols], base_all[cols] = first, base
+        first_all[cols], base_all[cols] = first, base
         if len(sp.cols):
             sp.cols = sp.cols + np.int32(a)
             sparse.append(sp)
@@ -682,6 +750,7 @@ def merge_blocks(blocks: Sequence[Block], ncols: int) -> Block:
                   for (sh, w, mode), k in sorted(order.items(), key=lambda kv: kv[1])]
     out.gapcols, out.gapbits = (np.concatenate(gapcols), np.concatenate(gapbits)) if gapcols else _no_gaps(n)
     out.sparse = _Sparse.empty(n) if not sparse else _Sparse.joined(sparse)
+    out.first = first_all
     out.gid, out.base, out.boff = _narrow(gid_all, base_all, out.groups)
     return out
 
