@@ -918,14 +918,14 @@ class Table:
         self.since[col] = self.seq  # older rows of this column belonged to another series
         return col
 
-    def reclaim(self) -> list[tuple[str, Labels | None]]:
+    def reclaim(self) -> list[tuple[str, Labels]]:
         """Free columns not written for a whole ring; return their keys."""
         horizon = self.seq - self.capacity
         gone = []
         for col in np.flatnonzero(self.last_seq[:self.ncols] < horizon).tolist():
-            m = self.metrics[col]
-            if m is not None:
-                gone.append((m, self.label_sets[col]))
+            key = self.key(col)
+            if key is not None:
+                gone.append(key)
                 self.metrics[col] = self.label_sets[col] = None
                 self.free.append(col)
         if gone:
