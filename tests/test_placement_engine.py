@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -59,6 +60,7 @@ class EmulatedRuntime:
         self.release = threading.Event()
         self.snapshot_delay = 0.0
         self.snapshot_error: Exception | None = None
+        self.after_list: Callable[[], None] | None = None  # runs once the snapshot's lists are taken
         self.lock = threading.Lock()
 
     def cpuset_file(self, cid: str) -> Path:
@@ -107,7 +109,10 @@ class EmulatedRuntime:
         time.sleep(self.snapshot_delay)
         if self.snapshot_error is not None:
             raise self.snapshot_error
-        return RuntimeSnapshot(list(self.pods.values()), list(self.containers.values()))
+        snap = RuntimeSnapshot(list(self.pods.values()), list(self.containers.values()))
+        if self.after_list is not None:
+            self.after_list()
+        return snap
 
     def describe(self) -> str:
         return "emulated"
@@ -208,6 +213,77 @@ def test_concurrent_reconciles_adopt_once_and_never_demote(node):
     assert sorted(r.containers_added for r in results) == [0, 1]
     c = e.container(cid)
     assert (c.placement, c.cpus, c.reason) == (Kind.EXCLUSIVE, "3", "adopted at resync")
+
+
+def test_a_reconcile_judges_only_what_its_runtime_list_could_have_seen(node):
+    """The lists of a reconcile are taken before the front end's latest calls reach the books: a Guaranteed
+    create committed and started after them, a start, a pod removed. The reconcile must not find the new
+    container gone (seen under chaos: its CPU went back to the shared pool, and a BestEffort container ran on
+    it beside it), move a started container back to created, nor bring the removed pod back."""
+    rt, make = node
+    e = make(reconcile_interval_seconds=3600)  # the reconciles are the test's
+    e.start()
+    be = rt.run_pod("be", "BestEffort")
+    e.pod_added(be)
+    shared = create(e, rt, be, "app", "BestEffort")
+    start(e, rt, shared)
+    late = create(e, rt, be, "late", "BestEffort")  # created; started after the lists
+    old = rt.run_pod("old", "BestEffort")
+    e.pod_added(old)
+    old_c = create(e, rt, old, "app", "BestEffort")
+    g = rt.run_pod("g", "Guaranteed")
+    made: list[str] = []
+
+    def meanwhile() -> None:
+        rt.after_list = None
+        e.pod_added(g)
+        made.append(create(e, rt, g, "app", "Guaranteed", 1000))
+        start(e, rt, made[0])
+        start(e, rt, late)
+        del rt.containers[old_c], rt.pods[old.id]
+        e.pod_removed(old.id)
+
+    rt.after_list = meanwhile
+    s = e.reconcile()
+    gid = made[0]
+    cpu = e.container(gid).cpu_set
+    assert len(cpu) == 1 and e.state().exclusive == {gid: format_cpulist(cpu)}
+    assert (s.containers_removed, s.pods_removed, s.containers_added, s.pods_added) == (0, 0, 0, 0), s
+    assert g.id in e.cache.pods and old.id not in e.cache.pods and old_c not in e.cache.containers
+    assert e.container(late).state == State.RUNNING
+    # read from the cgroup files: the shared containers left the exclusive CPU, and it has only that one
+    assert rt.kernel_cpus(gid) == cpu and not (rt.kernel_cpus(shared) | rt.kernel_cpus(late)) & cpu
+    assert e.check_invariants().ok
+    # the next reconcile's lists have it all: nothing changes, and what the runtime lost is still found gone
+    del rt.containers[shared]
+    s = e.reconcile()
+    assert (s.containers_removed, s.containers_added, s.exited) == (1, 0, 0), s
+    assert e.state().exclusive == {gid: format_cpulist(cpu)} and e.container(late).state == State.RUNNING
+
+
+def test_a_reconcile_leaves_a_create_in_flight_to_its_commit(node):
+    """The runtime lists a container it has just created before the front end commits it: adopted then, it
+    would join the shared pool (its reservation holds its CPU) and the pool worker would move it off its CPU."""
+    rt, make = node
+    e = make()
+    be = rt.run_pod("be", "BestEffort")
+    e.pod_added(be)
+    shared = create(e, rt, be, "app", "BestEffort")
+    start(e, rt, shared)
+    g = rt.run_pod("g", "Guaranteed")
+    e.pod_added(g)
+    res = resources("Guaranteed", 1000)
+    r = e.place(ContainerRequest(g.id, "app", g.namespace, g.name, g.uid, g.cgroup_parent, {}, {}, res))
+    gid = rt.create(g, "app", r.cpus, res)  # the runtime has it; its answer is on the way to the front end
+    s = e.reconcile()
+    assert s.containers_added == 0 and gid not in e.cache.containers, s
+    assert [u for u in rt.updates if u[0] == gid] == []
+    e.commit(r, gid)
+    e.apply_pool()
+    c = e.container(gid)
+    assert c.placement == Kind.EXCLUSIVE and c.cpu_set == parse_cpulist(r.cpus) == rt.kernel_cpus(gid)
+    assert not rt.kernel_cpus(shared) & c.cpu_set and [u for u in rt.updates if u[0] == gid] == []
+    assert e.check_invariants().ok
 
 
 def test_a_failed_rewrite_rolls_the_books_back_to_what_the_runtime_got(node):

@@ -45,7 +45,7 @@ from .api import ContainerView, InvariantView, MoveRecord, RelayState, ThreadVie
 from .context import ContainerContext, Controller
 from .estimate import Resources, estimate_resources, qos_from_cgroup_parent
 from .invariants import InvariantReport, KernelCpusets, Rule, check
-from .model import Cache, Container, Kind, Pod, State, cpu_set_of
+from .model import Cache, Container, Kind, Pod, State, cpu_set_of, moves_on
 from .persist import load_cache, write_whole
 from .runtime import ContainerRecord, PodRecord, RuntimeCallError, RuntimePort, RuntimeSnapshot
 
@@ -190,6 +190,9 @@ class Engine:
         self._ctl_queued = 0
         self._ctl_done = 0
         self._ctl_released: set[str] = set()  # ids whose controllers.stopped ran
+        # While a reconcile's snapshot is being taken and adopted: the pods and containers removed meanwhile
+        # (the runtime's lists may have been taken before, and must not bring them back). None otherwise.
+        self._removed_meanwhile: set[str] | None = None
         self._pool_wake = threading.Event()
         self._dirty = threading.Event()  # a change to save now
         self._lazy_dirty = False  # a change the runtime can tell again: saved at the persist thread's next tick
@@ -624,6 +627,8 @@ class Engine:
     def removed(self, container_id: str) -> None:
         with self._lock:
             c = self.cache.containers.pop(container_id, None)
+            if self._removed_meanwhile is not None:
+                self._removed_meanwhile.add(container_id)
             self._starting.discard(container_id)
             self._start_cpus.pop(container_id, None)
         if c is not None:
@@ -675,6 +680,8 @@ class Engine:
             self.removed(cid)
         with self._lock:
             self.cache.pods.pop(pod_id, None)
+            if self._removed_meanwhile is not None:
+                self._removed_meanwhile.add(pod_id)
         self._note_changed()
 
     def _pod_keys(self, pod: Pod) -> dict[str, str]:
@@ -903,16 +910,29 @@ class Engine:
         with self._reconcile_lock:
             with self._lock:
                 known = frozenset(self.cache.pods) | frozenset(self.cache.containers)
-            snap = self.runtime.snapshot(self.settings.runtime_timeout_seconds, known)
-            self.runtime_up = True
-            return self._adopt(snap, concurrent=True)
+                self._removed_meanwhile = set()
+            try:
+                snap = self.runtime.snapshot(self.settings.runtime_timeout_seconds, known)
+                self.runtime_up = True
+                return self._adopt(snap, concurrent=True, known=known)
+            finally:
+                with self._lock:
+                    self._removed_meanwhile = None
 
     def adopt(self, snap: RuntimeSnapshot) -> ReconcileSummary:
-        """Like :meth:`reconcile` with the runtime's view given (NRI Synchronize)."""
+        """Like :meth:`reconcile` with the runtime's view given (NRI Synchronize: the runtime's whole view,
+        delivered before its other events)."""
         with self._reconcile_lock:
             return self._adopt(snap)
 
-    def _adopt(self, snap: RuntimeSnapshot, concurrent: bool = False) -> ReconcileSummary:
+    def _adopt(self, snap: RuntimeSnapshot, concurrent: bool = False,
+               known: frozenset[str] | None = None) -> ReconcileSummary:
+        """Make the books agree with ``snap``. With ``known`` (the ids in the books when the snapshot was asked
+        for), the snapshot is older than the books: the front end kept creating, starting, stopping and removing
+        meanwhile. Then only what was known may be found gone (a container committed after the runtime's list was
+        taken is not in it: releasing its exclusive CPUs gave them to the shared pool while it ran on them), what
+        was removed meanwhile is not adopted again, and a state never moves back (a start or an exit the books
+        saw after the list stays)."""
         s = ReconcileSummary()
         pods = {p.id: p for p in snap.pods}
         records = {c.id: c for c in snap.containers}
@@ -921,28 +941,35 @@ class Engine:
         adopted: list[ContainerContext] = []
         started: list[ContainerContext] = []
         with self._lock:
-            for pid in [p for p in self.cache.pods if p not in pods]:
+            judged = known if known is not None else frozenset(self.cache.pods) | frozenset(self.cache.containers)
+            removed: set[str] | frozenset[str] = self._removed_meanwhile or frozenset()
+            # creates in flight: the runtime may list the container before the front end commits it (adopted
+            # now, it would join the pool: the reservation holds its CPUs, and the pool worker would move it)
+            creating = {(r.container.pod_id, r.container.name) for r in self._pending.values() if not r.resize_of}
+            for pid in [p for p in self.cache.pods if p not in pods and p in judged]:
                 del self.cache.pods[pid]
                 s.pods_removed += 1
-            for cid in [c for c in self.cache.containers if c not in records]:
+            for cid in [c for c in self.cache.containers if c not in records and c in judged]:
                 gone.append(self.cache.containers.pop(cid))
                 s.containers_removed += 1
             for pid, p in pods.items():
                 if pid in self.cache.pods:
                     self.cache.pods[pid].state = "ready" if p.ready else "notready"
-                else:
+                elif pid not in removed:
                     self.cache.pods[pid] = self._pod(p)
                     s.pods_added += 1
             for cid, rec in records.items():
                 c = self.cache.containers.get(cid)
                 if c is None:
+                    if cid in removed or (rec.pod_id, rec.name) in creating:
+                        continue
                     c = self._adopt_container(rec)
                     self.cache.containers[cid] = c
                     s.containers_added += 1
                     if c.state == State.RUNNING:
                         adopted.append(self._context(c))
                     continue
-                if c.state == rec.state:
+                if not moves_on(c.state, rec.state):
                     continue
                 if rec.state == State.EXITED and c.live:
                     released.append(c)

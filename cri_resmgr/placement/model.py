@@ -44,6 +44,15 @@ class State(StrEnum):
 HOLDING_STATES = (State.CREATED, State.RUNNING, State.UNKNOWN)  # states in which a container holds its CPUs
 
 
+def moves_on(old: State, new: State) -> bool:
+    """Whether a runtime's report of ``new`` changes a container the books have in ``old``: states only move
+    forward (created, running, exited; unknown in between until the runtime knows again), so an older report
+    (a list taken before a start or an exit the books saw) changes nothing. Exited is final."""
+    if old == new or old == State.EXITED:
+        return False
+    return not (old == State.RUNNING and new == State.CREATED)
+
+
 @dataclass
 class Pod:
     id: str
